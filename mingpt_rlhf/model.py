@@ -1,0 +1,230 @@
+"""The GPT: GPT-2's architecture and parameter names, padding-aware attention, a KV cache.
+
+GPT-2 (Radford et al. 2019) is a stack of pre-LayerNorm transformer blocks over learned token
+and position embeddings, with the output layer tied to the token embedding. We keep GPT-2's
+parameter names (`transformer.wte`, `transformer.h.0.attn.c_attn`, ... `lm_head`) so that
+loading the published weights is a renaming plus four transposes (see `pretrained.py`).
+
+Two things an RLHF model needs beyond nanoGPT:
+- **Left padding.** Prompts of different lengths are batched by padding on the left, so all
+  responses start at the same column. `attention_mask` (B, T) marks real tokens with 1; pads
+  are never attended to, and position ids count real tokens only (`cumsum(mask) - 1`), so a
+  padded row gets exactly the logits it would get alone.
+- **A KV cache.** Sampling one token at a time re-uses the keys and values of earlier
+  positions instead of recomputing the whole prefix (`KVCache`, used by `sampling.py`).
+
+`trunk()` returns the final hidden states (B, T, C); the reward model and the critic in
+`heads.py` put their own heads on it. `forward()` = `lm_head(trunk())`, logits for every
+position.
+
+Try it:  python -c "import torch; from mingpt_rlhf.model import *; m=GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=16)); print(m(torch.zeros(1, 5, dtype=torch.long)).shape)"
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 64
+    block_size: int = 256   # longest sequence (prompt + response) the model can see
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True       # GPT-2 has biases in Linear and LayerNorm layers
+
+
+class KVCache:
+    """Pre-allocated keys and values of every layer, filled as generation proceeds.
+
+    Writing into a fixed buffer (instead of `torch.cat` each step) keeps decoding at one small
+    copy per layer per token. `length` is how many positions are filled.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
+        hs = config.n_embd // config.n_head
+        shape = (config.n_layer, batch_size, config.n_head, max_len, hs)  # (L, B, nh, S, hs)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store this step's (B, nh, T, hs) keys/values; return all keys/values so far."""
+        T = k.size(2)
+        end = self.length + T
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
+        self.layer = layer
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, attn_mask=None, kv_cache: KVCache | None = None):
+        B, T, C = x.shape  # batch, time, channels
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer, k, v)  # (B, nh, S, hs), S = cached + T
+        dropout_p = self.dropout if self.training else 0.0
+        # with no mask, either queries and keys are the same positions (plain causal: SDPA's
+        # fastest path) or one new token sees every cached key. SDPA's is_causal aligns the
+        # mask top-left, which would be wrong for a single query after a cache.
+        is_causal = attn_mask is None and T > 1
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           dropout_p=dropout_p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        # GPT-2 uses the tanh approximation of GELU; the exact one changes logits by ~1e-3
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, attn_mask=None, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), attn_mask, kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+def build_attn_mask(attention_mask: torch.Tensor, T: int) -> torch.Tensor:
+    """Boolean (B, 1, T, S) mask for the last T of S positions: True where attention is allowed.
+
+    A query at absolute position i may see key j when j <= i (causal) and key j is a real token.
+    Every query also sees itself, so the query rows of pad positions are never fully masked
+    (a fully masked row makes softmax produce NaN); what pads compute is ignored anyway.
+    """
+    B, S = attention_mask.shape
+    device = attention_mask.device
+    q_pos = torch.arange(S - T, S, device=device)[:, None]  # (T, 1) absolute query positions
+    k_pos = torch.arange(S, device=device)[None, :]         # (1, S)
+    causal = k_pos <= q_pos                                  # (T, S)
+    mask = causal[None] & attention_mask[:, None, :].bool()  # (B, T, S)
+    mask = mask | (k_pos == q_pos)[None]
+    return mask[:, None]                                     # (B, 1, T, S)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count real tokens only: a left-padded row starts at position 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections into the residual stream by 1/sqrt(2 * n_layer),
+        # since each block adds two of them to the same stream
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, vocab_size: int | None = None) -> "GPT":
+        """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...)."""
+        from .pretrained import load_pretrained
+        return load_pretrained(name_or_path, vocab_size)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def trunk(self, idx, attention_mask=None, position_ids=None, kv_cache: KVCache | None = None):
+        """Final hidden states (B, T, C) after `ln_f`.
+
+        idx: (B, T) token ids. attention_mask: (B, S) with 1 for real tokens, where S = T, or
+        S = cached length + T when decoding with `kv_cache`. position_ids: (B, T); by default
+        they are computed from the mask so that padding does not shift positions.
+        """
+        B, T = idx.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
+                             f"{self.config.block_size}")
+        if attention_mask is not None and attention_mask.all():
+            attention_mask = None  # no padding anywhere: take the unmasked fast path
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = torch.arange(past, past + T, device=idx.device)[None]  # (1, T)
+            else:
+                position_ids = position_ids_from_mask(attention_mask)[:, -T:]         # (B, T)
+        if attention_mask is None:
+            # a decoding step of one token needs no mask: it may see every cached position
+            attn_mask = None if past == 0 or T == 1 else build_attn_mask(
+                torch.ones(B, past + T, dtype=torch.bool, device=idx.device), T)
+        else:
+            attn_mask = build_attn_mask(attention_mask, T)
+        x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, attn_mask, kv_cache)
+        if kv_cache is not None:
+            kv_cache.length += T
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, attention_mask=None, position_ids=None, kv_cache=None,
+                return_hidden: bool = False):
+        """Logits (B, T, vocab_size) for every position; with `return_hidden`, also (B, T, C)."""
+        hidden = self.trunk(idx, attention_mask, position_ids, kv_cache)
+        logits = self.lm_head(hidden)
+        return (logits, hidden) if return_hidden else logits
+
+    def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
+        p = self.transformer.wte.weight
+        return KVCache(self.config, batch_size, max_len, p.device, p.dtype)
+
+    def optim_groups(self, weight_decay: float):
+        """AdamW groups: decay matrices (embeddings, Linear weights) only, never biases or norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]

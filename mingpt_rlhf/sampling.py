@@ -1,0 +1,144 @@
+"""Batched generation with a KV cache: temperature, top-k, top-p, EOS, left-padded prompts.
+
+The prompt batch is left-padded, so every row's next token goes in the same column and one
+forward pass per step serves the whole batch. The first pass runs the whole prompt and fills
+the KV cache; each later pass feeds only the token just sampled.
+
+Each row stops on its own when it samples EOS; from then on it receives padding (and is not
+attended to), and the loop ends when every row has stopped or `max_new_tokens` is reached.
+
+The returned masks are what PPO needs:
+- `attention_mask` (B, T + new): 1 for every real token of prompt and response.
+- `action_mask`    (B, T + new): 1 for every generated token up to and including EOS; the
+  EOS is an action the policy took, so it is trained and rewarded like any other token.
+
+Note for RL: PPO must compute its log-probs from the same distribution it sampled from, so
+rollouts use plain sampling (no top-k / top-p) and the log-probs are taken from
+`logits / temperature` (RLHF_NOTES.md, "negative KL").
+
+Try it:  python -m mingpt_rlhf.sampling   (samples from a random tiny model)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model import position_ids_from_mask
+
+
+@dataclass
+class GenerationOutput:
+    sequences: torch.Tensor       # (B, T + new) prompt then response, int64
+    attention_mask: torch.Tensor  # (B, T + new) 1 = real token (not padding)
+    action_mask: torch.Tensor     # (B, T + new) 1 = generated token up to and including EOS
+    prompt_len: int               # T: the response starts at this column
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.sequences[:, self.prompt_len:]  # (B, new)
+
+
+def check_sampling_options(temperature=1.0, top_k=None, top_p=None):
+    """Raise ValueError for options that cannot describe a distribution."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 or None = off), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 or None = off), got {top_p}")
+
+
+def filter_logits(logits: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
+    """Set the logits of tokens outside the top-k / the nucleus to -inf. logits: (B, V)."""
+    if top_k:
+        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already cover top_p of the mass;
+        # the best token always stays (its preceding mass is 0)
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row from the last-position logits (B, V). temperature 0 = greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = filter_logits(logits / temperature, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
+             temperature: float = 1.0, top_k=None, top_p=None, eos_token_id=None,
+             pad_token_id=None, generator=None) -> GenerationOutput:
+    """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
+
+    `pad_token_id` fills the positions after a row's EOS (default: `eos_token_id`, else 0);
+    the masks, not the pad value, say what is real. `generator` makes sampling reproducible.
+    """
+    check_sampling_options(temperature, top_k, top_p)
+    B, T = prompt_ids.shape
+    if T + max_new_tokens > model.config.block_size:
+        raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens does not fit "
+                         f"block_size {model.config.block_size}; shorten the prompt or "
+                         f"lower max_new_tokens")
+    if pad_token_id is None:
+        pad_token_id = eos_token_id if eos_token_id is not None else 0
+    device = prompt_ids.device
+    if attention_mask is None:
+        attention_mask = torch.ones_like(prompt_ids)
+    attention_mask = attention_mask.long()
+    was_training = model.training
+    model.eval()
+
+    cache = model.new_kv_cache(B, T + max_new_tokens)
+    sequences = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=device)
+    sequences[:, :T] = prompt_ids
+    full_mask = torch.zeros(B, T + max_new_tokens, dtype=torch.long, device=device)
+    full_mask[:, :T] = attention_mask
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    # the next position of each row counts its real tokens, so left padding shifts nothing
+    next_pos = attention_mask.sum(-1, keepdim=True)  # (B, 1)
+
+    logits = model(prompt_ids, attention_mask, position_ids_from_mask(attention_mask),
+                   kv_cache=cache)[:, -1]  # (B, V)
+    n_new = 0
+    for t in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+        token = token.masked_fill(done, pad_token_id)
+        sequences[:, T + t] = token
+        full_mask[:, T + t] = (~done).long()
+        n_new = t + 1
+        if eos_token_id is not None:
+            done = done | (token == eos_token_id)
+            if done.all():
+                break
+        if t + 1 == max_new_tokens:
+            break  # the last token needs no forward pass
+        logits = model(token[:, None], full_mask[:, :T + t + 1], next_pos + t,
+                       kv_cache=cache)[:, -1]
+
+    model.train(was_training)
+    sequences = sequences[:, :T + n_new]
+    full_mask = full_mask[:, :T + n_new]
+    action_mask = full_mask.clone()
+    action_mask[:, :T] = 0
+    return GenerationOutput(sequences, full_mask, action_mask, T)
+
+
+if __name__ == "__main__":
+    from .model import GPT, GPTConfig
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    prompts = torch.tensor([[0, 0, 5, 6], [3, 4, 5, 6]])
+    out = generate(m, prompts, torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]), max_new_tokens=8,
+                   eos_token_id=1, pad_token_id=0, generator=torch.Generator().manual_seed(0))
+    print(out.sequences, out.action_mask, sep="\n")

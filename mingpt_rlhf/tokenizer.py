@@ -1,0 +1,75 @@
+"""Tokenizers: one interface, two implementations.
+
+Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`,
+`vocab_size`, `pad_id`, `eos_id`, and `state_dict()` so that it travels inside a checkpoint
+(`tokenizer_from_state` rebuilds it). PAD and EOS are always different ids: if they were the
+same, masking out padding would also mask out every EOS and the model would never learn to
+stop (RLHF_NOTES.md, failure mode 3).
+
+- `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word.
+  We chose words over characters because the built-in language is made of a few dozen words:
+  a review is ~10-25 word tokens instead of ~60-150 characters, so every stage trains and
+  samples several times faster, and the model cannot spell a word that does not exist, which
+  is what makes `well_formed` >= 0.95 easy to reach after a short SFT run.
+- `BPETokenizer`: GPT-2's byte-level BPE (see `bpe.py`), for real models.
+
+Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
+"""
+from __future__ import annotations
+
+from .errors import UserError
+
+PAD = "<pad>"
+EOS = "<eos>"
+UNK = "<unk>"
+
+
+class WordTokenizer:
+    """Whitespace word tokenizer with fixed special tokens: <pad>=0, <eos>=1, <unk>=2.
+
+    `decode` writes EOS as the literal word "<eos>", so decoded text keeps the information
+    "this response ended" (the built-in task's gold reward needs it).
+    """
+
+    def __init__(self, words: list[str]):
+        specials = [PAD, EOS, UNK]
+        self.itos = specials + [w for w in words if w not in specials]
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        assert len(self.stoi) == len(self.itos), "duplicate words in the vocabulary"
+        self.pad_id, self.eos_id, self.unk_id = 0, 1, 2
+
+    @classmethod
+    def from_texts(cls, texts) -> "WordTokenizer":
+        """Build the vocabulary from every word in `texts` (sorted, so it is deterministic)."""
+        words = sorted({w for text in texts for w in text.split()})
+        return cls(words)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(w, self.unk_id) for w in text.split()]
+
+    def decode(self, ids) -> str:
+        # pads are layout, not text: drop them so decoded batches read cleanly
+        return " ".join(self.itos[i] for i in ids if i != self.pad_id)
+
+    def state_dict(self) -> dict:
+        return {"type": "word", "words": self.itos[3:]}
+
+
+def tokenizer_from_state(state: dict):
+    """Rebuild a tokenizer saved with `tokenizer.state_dict()` (e.g. from a checkpoint)."""
+    kind = state.get("type")
+    if kind == "word":
+        return WordTokenizer(state["words"])
+    if kind == "bpe":
+        from .bpe import BPETokenizer
+        return BPETokenizer.from_state(state)
+    raise UserError(f"unknown tokenizer type {kind!r} in checkpoint; was it written by mingpt_rlhf?")
+
+
+def same_tokenizer(a, b) -> bool:
+    """True when two tokenizers map text to the same ids (compares their saved state)."""
+    return a.state_dict() == b.state_dict()

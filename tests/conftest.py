@@ -1,0 +1,24 @@
+import pytest
+import torch
+
+from mingpt_rlhf.model import GPT, GPTConfig
+
+
+@pytest.fixture
+def tiny_gpt():
+    """A random 2-layer GPT in eval mode (dropout off), fp32, seeded."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=17, block_size=64, n_layer=2, n_head=2, n_embd=32))
+    return model.eval()
+
+
+def left_pad(rows, pad_id=0):
+    """List of token lists -> (ids, mask), left-padded to the longest row."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, T - len(r):] = torch.tensor(r)
+            mask[i, T - len(r):] = 1
+    return ids, mask
