@@ -174,6 +174,15 @@ class GPT(nn.Module):
         from .pretrained import load_pretrained
         return load_pretrained(name_or_path, vocab_size)
 
+    def set_dropout(self, p: float) -> None:
+        """Change the dropout probability everywhere (PPO needs 0: see RLHF_NOTES.md)."""
+        self.config.dropout = p
+        for m in self.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = p
+            elif isinstance(m, CausalSelfAttention):
+                m.dropout = p
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

@@ -1,0 +1,73 @@
+"""Checkpoints: atomic save, load with clear errors, and the RNG state for exact resume.
+
+A checkpoint is one `torch.save`d dict. What goes in it is up to each script (model weights,
+model config, tokenizer, optimizer, step, RNG state, its own config); this file only makes
+sure that (1) a killed run never leaves a half-written file: we write a temporary file in the
+same folder and `os.replace` it over the old one, which is atomic on POSIX and Windows; and
+(2) loading a checkpoint into a model of another shape says which tensor does not fit.
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "") -> dict:
+    """Load a checkpoint dict to CPU. Missing or unreadable -> UserError naming the fix."""
+    if not os.path.isfile(path):
+        raise UserError(f"no {what} at {path}" + (f"; {hint}" if hint else ""))
+    try:
+        # our checkpoints hold plain containers, tensors and numpy RNG state
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated file, not a torch file, ...
+        raise UserError(f"cannot read {what} {path} ({type(e).__name__}: {e}); "
+                        f"delete it and train again") from None
+
+
+def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str) -> None:
+    """`module.load_state_dict`, but a mismatch names the first tensor that does not fit."""
+    own = module.state_dict()
+    for name, tensor in own.items():
+        if name not in state_dict:
+            raise UserError(f"{where} has no tensor {name!r}: it was written for another model")
+        if state_dict[name].shape != tensor.shape:
+            raise UserError(f"{where}: tensor {name!r} has shape {tuple(state_dict[name].shape)} "
+                            f"but the model expects {tuple(tensor.shape)}; the model options "
+                            f"(--n_layer/--n_head/--n_embd/--block_size) differ from the "
+                            f"checkpoint's")
+    extra = sorted(set(state_dict) - set(own))
+    if extra:
+        raise UserError(f"{where} has tensors the model lacks, e.g. {extra[0]!r}: "
+                        f"it was written for another model")
+    module.load_state_dict(state_dict)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+             "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,141 @@
+"""Data: JSONL readers with validation, encoding with EOS, padding, and the SFT loss mask.
+
+File formats (one JSON object per line; blank lines are skipped):
+- SFT demonstrations (`train_sft.py --data`): {"prompt": ..., "response": ...}, or {"text": ...}
+  alone (then every token is trained on).
+- Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...},
+  the format of Anthropic HH (prompt may be "") and trl.
+- Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
+A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
+
+Sequences are prompt tokens + response tokens + EOS. When that is longer than the block size
+we cut tokens from the *left of the prompt* (the end of the prompt, next to the response,
+matters most); an example whose response alone does not fit is skipped and counted.
+
+Padding: SFT and the reward model pad on the right (a causal model never looks right, so
+right pads change nothing before them); generation pads prompts on the left so all responses
+start in the same column.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from .errors import UserError
+
+IGNORE = -100  # target value that cross_entropy skips
+
+
+def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[int, dict]]:
+    """Rows of a JSONL file as (line number, object). Each object must have all the string
+    fields of at least one alternative in `required`, e.g. [["prompt", "response"], ["text"]]."""
+    if not os.path.isfile(path):
+        raise UserError(f"{what} file {path} does not exist; check the path")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one "
+                                f"JSON object") from None
+            if not isinstance(obj, dict):
+                raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+            fits = [alt for alt in required if all(isinstance(obj.get(k), str) for k in alt)]
+            if not fits:
+                wanted = " or ".join("{" + ", ".join(f'"{k}": str' for k in alt) + "}"
+                                     for alt in required)
+                raise UserError(f"{path}:{n}: expected {wanted}, got keys {sorted(obj)}")
+            rows.append((n, obj))
+    if not rows:
+        raise UserError(f"{what} file {path} has no examples")
+    return rows
+
+
+def load_sft_jsonl(path: str) -> list[tuple[str, str]]:
+    rows = read_jsonl(path, [["prompt", "response"], ["text"]], "SFT data")
+    return [(o["prompt"], o["response"]) if "response" in o else ("", o["text"]) for _, o in rows]
+
+
+def load_preference_jsonl(path: str):
+    from .tasks import PreferencePair
+    rows = read_jsonl(path, [["prompt", "chosen", "rejected"]], "preference data")
+    return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) for _, o in rows]
+
+
+def load_prompts_jsonl(path: str) -> list[str]:
+    return [o["prompt"] for _, o in read_jsonl(path, [["prompt"]], "prompts")]
+
+
+def encode_example(tokenizer, prompt: str, response: str, block_size: int):
+    """(ids, n_prompt) with ids = prompt + response + EOS, cut from the left of the prompt to fit
+    `block_size`; None when the response and EOS alone do not fit."""
+    p = tokenizer.encode(prompt) if prompt else []
+    r = tokenizer.encode(response) + [tokenizer.eos_id]
+    if len(r) > block_size:
+        return None
+    p = p[max(0, len(p) + len(r) - block_size):]
+    return p + r, len(p)
+
+
+def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
+    """Prompt ids, cut from the left to at most `max_len` tokens."""
+    ids = tokenizer.encode(prompt)
+    return ids[-max_len:] if max_len > 0 else []
+
+
+def left_pad(rows: list[list[int]], pad_id: int):
+    """Token lists -> (ids, attention_mask), both (B, T), padded on the left."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, T - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, T - len(r):] = 1
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]], pad_id: int):
+    """Token lists -> (ids, attention_mask), both (B, T), padded on the right."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+class SFTData:
+    """Encoded demonstrations and the batches of next-token targets made from them."""
+
+    def __init__(self, tokenizer, pairs, block_size: int, loss_on_prompt: bool = False):
+        encoded = [encode_example(tokenizer, p, r, block_size) for p, r in pairs]
+        self.examples = [e for e in encoded if e is not None]
+        self.skipped = len(encoded) - len(self.examples)
+        if not self.examples:
+            raise UserError(f"every example is longer than the block size {block_size}; "
+                            f"raise --block_size")
+        self.pad_id = tokenizer.pad_id
+        self.loss_on_prompt = loss_on_prompt
+
+    def __len__(self):
+        return len(self.examples)
+
+    def batch(self, indices):
+        """(inputs, targets), both (B, T-1). targets[b, t] is the token at t+1 (the logit at t
+        predicts the next token), or IGNORE where it is padding, or a prompt token (unless
+        `loss_on_prompt`): the model is taught to answer, not to write prompts."""
+        rows = [self.examples[i] for i in indices]
+        ids, mask = right_pad([ids for ids, _ in rows], self.pad_id)
+        targets = ids[:, 1:].clone()
+        targets[mask[:, 1:] == 0] = IGNORE
+        if not self.loss_on_prompt:
+            for b, (_, n_prompt) in enumerate(rows):
+                targets[b, :max(0, n_prompt - 1)] = IGNORE  # targets before the first response token
+        return ids[:, :-1], targets

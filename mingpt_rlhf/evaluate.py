@@ -1,0 +1,58 @@
+"""Sample responses from a policy for a list of prompts, and measure them.
+
+Used by every stage on held-out prompts: SFT and PPO report `well_formed` and `gold` (when the
+task has a gold reward), PPO also `distinct2` (a collapse into repetition shows up here) and
+the response length, and best-of-n (`bestofn.py`) re-uses the sampler.
+
+A response is decoded up to and including its EOS, so the text says whether it ended (the
+built-in task's tokenizer writes EOS as "<eos>").
+"""
+from __future__ import annotations
+
+import torch
+
+from .data import encode_prompt, left_pad
+from .sampling import generate
+
+
+def response_texts(tokenizer, out) -> list[str]:
+    """Decode each row's generated tokens (action_mask) from a GenerationOutput."""
+    texts = []
+    for seq, act in zip(out.sequences.tolist(), out.action_mask.tolist()):
+        texts.append(tokenizer.decode([t for t, a in zip(seq, act) if a]))
+    return texts
+
+
+@torch.no_grad()
+def sample_responses(model, tokenizer, prompts: list[str], max_new_tokens: int,
+                     temperature: float = 1.0, top_k=None, top_p=None, batch_size: int = 64,
+                     generator=None) -> list[str]:
+    device = next(model.parameters()).device
+    max_prompt = model.config.block_size - max_new_tokens
+    texts = []
+    for i in range(0, len(prompts), batch_size):
+        rows = [encode_prompt(tokenizer, p, max_prompt) for p in prompts[i:i + batch_size]]
+        ids, mask = left_pad(rows, tokenizer.pad_id)
+        out = generate(model, ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                       generator=generator)
+        texts.extend(response_texts(tokenizer, out))
+    return texts
+
+
+def distinct_n(texts: list[str], n: int = 2) -> float:
+    """Distinct n-grams / all n-grams over all texts (words): 1 = no repetition at all."""
+    grams = [tuple(w[i:i + n]) for w in (t.split() for t in texts) for i in range(len(w) - n + 1)]
+    return len(set(grams)) / max(1, len(grams))
+
+
+def policy_report(task, prompts: list[str], responses: list[str]) -> dict:
+    """Figures of a batch of responses: length, distinct2, and the task's gold/well_formed."""
+    report = {"resp_len": sum(len(r.split()) for r in responses) / max(1, len(responses)),
+              "distinct2": distinct_n(responses, 2)}
+    if task is not None:
+        golds = [task.gold_reward(p, r) for p, r in zip(prompts, responses)]
+        report["gold"] = sum(golds) / len(golds)
+        report["well_formed"] = sum(task.well_formed(p, r) for p, r in zip(prompts, responses)) / len(prompts)
+    return report

@@ -1,0 +1,280 @@
+"""Published GPT-2 weights -> our `GPT`: a safetensors reader, the name mapping, a download cache.
+
+Concept. OpenAI's GPT-2 weights, as published on the Hugging Face hub ("gpt2", "gpt2-medium",
+"gpt2-large", "gpt2-xl"), use the parameter names of `model.py` without the "transformer."
+prefix. Four matrices per block are stored transposed: GPT-2's "Conv1D" layer computes
+`x @ W + b` with W of shape (in, out), while `nn.Linear` keeps (out, in). So loading is: read
+the file, rename, transpose `attn.c_attn`, `attn.c_proj`, `mlp.c_fc`, `mlp.c_proj`, copy.
+The sizes come from the tensor shapes; only the number of heads is not in any shape, so it
+comes from `config.json` next to the weights, or from the four known sizes.
+
+Format (safetensors): [8 bytes: N, unsigned little-endian][N bytes: JSON header][data].
+The header maps each tensor name to {"dtype": "F32"|"F16"|"BF16"|..., "shape": [...],
+"data_offsets": [begin, end]}, with offsets counted from the first data byte (plus an optional
+"__metadata__" entry). Data is little-endian, row-major. We memory-map the file, so a tensor is
+read from disk when it is copied into the model and never held twice in memory.
+
+Every inconsistency (short file, bad JSON, an offset past the end, a shape that disagrees with
+its byte count, a tensor the model has no place for) raises `UserError` naming the file and
+the tensor: a damaged download must never become a silently wrong model.
+
+Try it (downloads ~550 MB once into ~/.cache/mingpt_rlhf/gpt2, or $MINGPT_RLHF_CACHE/gpt2):
+    python -c "from mingpt_rlhf.model import GPT; print(GPT.from_pretrained('gpt2').num_params())"
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import re
+import struct
+import sys
+import tempfile
+import urllib.request
+
+import torch
+from tqdm import tqdm
+
+from .errors import UserError
+
+KNOWN_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+HUB_URL = "https://huggingface.co/{name}/resolve/main/{file}"
+FILES = ("config.json", "vocab.json", "merges.txt", "model.safetensors")
+# (n_layer, n_embd) -> n_head for gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2
+KNOWN_HEADS = {(12, 768): 12, (24, 1024): 16, (36, 1280): 20, (48, 1600): 25, (6, 768): 12}
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+          "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+REFETCH = "the file is damaged or not safetensors: delete it and download it again"
+
+
+# ---- safetensors ---------------------------------------------------------------------------
+
+def read_safetensors(path) -> dict[str, torch.Tensor]:
+    """All tensors of a .safetensors file, as views of a memory map (copy-on-write)."""
+    path = str(path)
+    if sys.byteorder != "little":
+        raise UserError("reading safetensors needs a little-endian machine")
+    try:
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}; check the path") from None
+    with f:
+        if size < 8:
+            raise UserError(f"{path}: only {size} bytes, no safetensors header; {REFETCH}")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise UserError(f"{path}: the header claims {n} bytes but only {size - 8} follow; "
+                            f"the file is truncated; {REFETCH}")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path}: the header is not JSON ({e}); {REFETCH}") from None
+        if not isinstance(header, dict):
+            raise UserError(f"{path}: the header is not a JSON object; {REFETCH}")
+        # ACCESS_COPY: a writable, private mapping, so torch.frombuffer accepts it without
+        # a warning; pages are read lazily and the file on disk is never changed
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data_start, data_len = 8 + n, size - 8 - n
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor {name!r}"
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ok = all(isinstance(v, int) and v >= 0 for v in [*shape, begin, end])
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise UserError(f"{where}: malformed header entry {info!r}; {REFETCH}")
+        if dtype_name not in DTYPES:
+            raise UserError(f"{where}: dtype {dtype_name!r} is not supported (we read "
+                            f"{', '.join(DTYPES)}); convert the file to F32, F16 or BF16")
+        dtype = DTYPES[dtype_name]
+        if not begin <= end <= data_len:
+            raise UserError(f"{where}: bytes {begin}..{end} lie outside the {data_len} data "
+                            f"bytes; the file is truncated; {REFETCH}")
+        numel = math.prod(shape)
+        if end - begin != numel * dtype.itemsize:
+            raise UserError(f"{where}: shape {shape} of {dtype_name} needs "
+                            f"{numel * dtype.itemsize} bytes but the header gives it "
+                            f"{end - begin}; {REFETCH}")
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[name] = torch.frombuffer(buf, dtype=dtype, count=numel,
+                                             offset=data_start + begin).view(shape)
+    return tensors
+
+
+# ---- GPT-2 names and sizes -------------------------------------------------------------------
+
+def gpt2_to_ours(raw: dict[str, torch.Tensor], path: str) -> tuple[dict, dict]:
+    """Rename a GPT-2 checkpoint to our parameter names, transposing the Conv1D weights.
+
+    Returns (tensors by our name, checkpoint name by our name) - the second for error messages.
+    """
+    tensors, source = {}, {}
+    for name, t in raw.items():
+        short = name[len("transformer."):] if name.startswith("transformer.") else name
+        # h.N.attn.bias / masked_bias are GPT-2's causal-mask buffers: constants, not weights
+        if re.fullmatch(r"h\.\d+\.attn\.(bias|masked_bias)", short):
+            continue
+        if short == "lm_head.weight":
+            # tied to wte in GPT-2; an untied copy would be dropped silently, so check it
+            wte = raw.get("wte.weight", raw.get("transformer.wte.weight"))
+            if wte is None or not torch.equal(t, wte):
+                raise UserError(f"{path}: lm_head.weight differs from wte.weight; our GPT ties "
+                                "the two, so this checkpoint cannot be loaded exactly")
+            continue
+        if short.endswith(CONV1D) and t.dim() == 2:
+            t = t.t()  # Conv1D (in, out) -> Linear (out, in)
+        tensors["transformer." + short] = t
+        source["transformer." + short] = name
+    return tensors, source
+
+
+def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None):
+    """A GPTConfig from the tensor shapes (+ n_head from config.json or the known sizes)."""
+    from .model import GPTConfig
+    wte, wpe = tensors.get("transformer.wte.weight"), tensors.get("transformer.wpe.weight")
+    if wte is None or wpe is None:
+        raise UserError(f"{path}: no wte.weight / wpe.weight; is this a GPT-2 checkpoint?")
+    layers = {int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h.")}
+    n_layer, n_embd = len(layers), wte.shape[1]
+    if layers != set(range(n_layer)):
+        raise UserError(f"{path}: blocks {sorted(set(range(max(layers) + 1)) - layers)} are "
+                        f"missing; {REFETCH}")
+    n_head = hparams.get("n_head") or KNOWN_HEADS.get((n_layer, n_embd))
+    if n_head is None:
+        raise UserError(f"{path}: cannot tell the number of heads of a {n_layer}-layer, "
+                        f"{n_embd}-wide GPT-2; put a config.json with \"n_head\" next to it")
+    if n_embd % n_head:
+        raise UserError(f"{path}: n_head {n_head} does not divide n_embd {n_embd}; fix config.json")
+    # model.py implements exactly GPT-2's block; a variant would load but compute other logits
+    act = hparams.get("activation_function", "gelu_new")
+    eps = hparams.get("layer_norm_epsilon", 1e-5)
+    if act not in ("gelu_new", "gelu_pytorch_tanh") or abs(eps - 1e-5) > 1e-9 or \
+            hparams.get("scale_attn_by_inverse_layer_idx") or hparams.get("reorder_and_upcast_attn"):
+        raise UserError(f"{path}: config.json describes a GPT-2 variant (activation {act!r}, "
+                        f"layer_norm_epsilon {eps}, ...) that our GPT does not implement")
+    V = wte.shape[0]
+    if vocab_size is not None and vocab_size < V:
+        raise UserError(f"vocab_size {vocab_size} is smaller than the checkpoint's {V}; "
+                        f"pass vocab_size >= {V} (e.g. the tokenizer's vocab_size)")
+    return GPTConfig(vocab_size=vocab_size or V, block_size=wpe.shape[0], n_layer=n_layer,
+                     n_head=n_head, n_embd=n_embd, dropout=0.0, bias=True)
+
+
+def load_pretrained(name_or_path, vocab_size: int | None = None):
+    """GPT-2 weights -> GPT in eval mode. `name_or_path`: a folder holding model.safetensors
+    (and maybe config.json), a .safetensors file, or a name from KNOWN_NAMES.
+
+    `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's PAD is id 50257)
+    initialised to the mean embedding, so a new token starts as an "average" token; the old
+    rows, and so the logits of old ids, are unchanged.
+    """
+    from .model import GPT  # model.py imports this module in GPT.from_pretrained
+    if os.path.isfile(str(name_or_path)):
+        weights = str(name_or_path)
+        folder = os.path.dirname(os.path.abspath(weights))
+    else:
+        folder = resolve_pretrained(name_or_path)
+        weights = os.path.join(folder, "model.safetensors")
+        if not os.path.isfile(weights):
+            raise UserError(f"no model.safetensors in {folder}; put GPT-2 weights in safetensors "
+                            "format there (we do not read pytorch_model.bin)")
+    hparams = {}
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        try:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                hparams = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{folder}/config.json is not valid JSON ({e}); fix or delete it") from None
+    tensors, source = gpt2_to_ours(read_safetensors(weights), weights)
+    config = gpt2_config(tensors, hparams, weights, vocab_size)
+    model = GPT(config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for ours in tensors:
+        if ours not in params:
+            raise UserError(f"{weights}: tensor {source[ours]!r} has no place in our GPT; "
+                            "is this a GPT-2 checkpoint?")
+    with torch.no_grad():
+        for name, p in params.items():
+            if name == "lm_head.weight" and p is params["transformer.wte.weight"]:
+                continue  # tied: filled through wte
+            src = tensors.get("transformer.wte.weight" if name == "lm_head.weight" else name)
+            if src is None:
+                raise UserError(f"{weights}: no tensor for {name[len('transformer.'):]}; "
+                                f"the checkpoint is incomplete; {REFETCH}")
+            if name == "transformer.wte.weight" and src.shape[0] < p.shape[0]:
+                V = src.shape[0]
+                p[:V].copy_(src)
+                p[V:].copy_(src.float().mean(0, keepdim=True).expand(p.shape[0] - V, -1))
+                continue
+            if src.shape != p.shape:
+                hint = " (after transposing Conv1D)" if name.endswith(CONV1D) else ""
+                raise UserError(f"{weights}: tensor {source[name]!r} has shape "
+                                f"{tuple(src.shape)}{hint}, the model needs {tuple(p.shape)}; "
+                                f"the checkpoint is inconsistent; {REFETCH}")
+            p.copy_(src)
+    return model.eval()
+
+
+# ---- names -> a local folder, downloading once -----------------------------------------------
+
+def cache_dir() -> str:
+    return os.environ.get("MINGPT_RLHF_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "mingpt_rlhf")
+
+
+def resolve_pretrained(name_or_path, files=FILES) -> str:
+    """The local folder for `name_or_path`, downloading the missing `files` of a known name.
+
+    An existing folder (or a file's folder) is used as it is, with no network, even when it is
+    called "gpt2"; a name is looked up in `cache_dir()/<name>` and fetched once from the hub.
+    """
+    path = os.path.expanduser(str(name_or_path))
+    if os.path.isdir(path):
+        return path
+    if os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path))
+    if path not in KNOWN_NAMES:
+        raise UserError(f"{name_or_path!r} is not a folder, a file, or one of "
+                        f"{', '.join(KNOWN_NAMES)}; check the path")
+    folder = os.path.join(cache_dir(), path)
+    os.makedirs(folder, exist_ok=True)
+    for file in files:
+        if not os.path.isfile(os.path.join(folder, file)):
+            download(HUB_URL.format(name=path, file=file), os.path.join(folder, file))
+    return folder
+
+
+def download(url: str, dest: str) -> None:
+    """Fetch `url` into `dest` atomically: a `.part` file is renamed only once complete, so an
+    interrupted download leaves nothing that a later run would take for the real file."""
+    fd, part = tempfile.mkstemp(dir=os.path.dirname(dest),
+                                prefix=os.path.basename(dest) + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            got = 0
+            with tqdm(total=total, unit="B", unit_scale=True, desc=os.path.basename(dest)) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    got += len(chunk)
+                    bar.update(len(chunk))
+            if total is not None and got != total:
+                raise OSError(f"connection closed after {got} of {total} bytes")
+        os.replace(part, dest)
+    except BaseException as e:
+        os.remove(part)
+        if not isinstance(e, Exception):
+            raise  # Ctrl-C stays Ctrl-C
+        raise UserError(f"could not download {url} ({e}); download model.safetensors, "
+                        "config.json, vocab.json and merges.txt by hand into a folder and pass "
+                        "that folder instead of the name") from None

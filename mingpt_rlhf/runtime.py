@@ -1,0 +1,125 @@
+"""What every training script sets up: device, precision, seeds, the LR schedule, metrics.jsonl.
+
+- `pick_device("auto")` takes CUDA, then Apple's MPS, then the CPU.
+- `autocast(device, dtype)`: mixed precision on CUDA (bf16 where the GPU supports it), plain
+  float32 elsewhere. Weights stay float32; only the matrix multiplies run in low precision.
+- `lr_at(...)`: linear warm-up, then cosine or linear decay.
+- `MetricsLog`: one JSON object per line with "step" and "time", flushed at once so a killed
+  run keeps everything it logged. On `--resume` the lines after the checkpoint's step are
+  dropped, so the file reads as if the run had never stopped.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device must be auto, cpu, cuda or mps, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps was asked for but MPS is not available; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' -> bfloat16 on a CUDA GPU that supports it, else float32."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name not in DTYPES:
+        raise UserError(f"--dtype must be auto, float32, bfloat16 or float16, got {name!r}")
+    if name == "float16" and device.type == "cpu":
+        raise UserError("--dtype float16 is not supported on the CPU; use float32 or bfloat16")
+    return DTYPES[name]
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_at(step: int, max_steps: int, peak: float, warmup: int = 0, decay: str = "cosine",
+          min_ratio: float = 0.0) -> float:
+    """Learning rate at `step` (0-based): warm-up to `peak`, then decay to `min_ratio * peak`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    if decay == "cosine":
+        scale = 0.5 * (1 + math.cos(math.pi * progress))
+    elif decay == "linear":
+        scale = 1 - progress
+    else:
+        scale = 1.0
+    return peak * (min_ratio + (1 - min_ratio) * scale)
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+class MetricsLog:
+    """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began."""
+
+    def __init__(self, out_dir: str, resume_step: int | None = None, time_offset: float = 0.0):
+        os.makedirs(out_dir, exist_ok=True)
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        kept = []
+        if resume_step is not None and os.path.exists(self.path):
+            with open(self.path) as f:
+                for line in f:
+                    entry = json.loads(line)
+                    if entry.get("step", 0) <= resume_step and not entry.get("final"):
+                        kept.append(line)
+        with open(self.path, "w") as f:
+            f.writelines(kept)
+        self.start = time.time() - time_offset
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def log(self, step: int, **figures) -> dict:
+        entry = {"step": step, "time": round(self.elapsed(), 3)}
+        entry.update({k: _plain(v) for k, v in figures.items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        return entry
+
+
+def _plain(v):
+    """Tensors and numpy numbers to plain Python numbers, rounded for a readable log."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    if isinstance(v, (np.floating, np.integer)):
+        v = v.item()
+    if isinstance(v, float):
+        return round(v, 6)
+    return v

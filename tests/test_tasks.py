@@ -1,0 +1,181 @@
+"""Properties of the built-in "reviews" task: gold reward, data, determinism, label noise."""
+import time
+
+import pytest
+
+from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.tasks import TASKS, PreferencePair, ReviewsTask, get_task, gold_agreement
+
+
+@pytest.fixture(scope="module")
+def task():
+    return ReviewsTask(seed=0)
+
+
+# ----------------------------------------------------------------------------- gold reward
+@pytest.mark.parametrize("prompt, response, gold", [
+    ("the film was", "very superb and the plot felt truly wonderful . <eos>", 1.0),
+    ("the film was", "dull but the music sounded awful . <eos>", -0.8),
+    ("the film was", "very superb but the plot was dull . <eos>", (1.0 - 0.8) / 2),
+    ("the film was", "somewhat moving . <eos>", 0.5),
+    ("the film was", "rather long . <eos>", 0.0),
+    # the prompt's adjectives ("dreadful") are the user's words, not the policy's
+    ("the film was dreadful but the cast seemed", "quite charming . <eos>", 0.9),
+    # a prompt cut before the intensifier still lends its strength to the response's adjective
+    ("the film was somewhat", "dull . <eos>", -0.5),
+    # four clauses is the longest legal review
+    ("the film was", "superb and the plot was superb and the cast was superb and the music was superb . <eos>", 0.8),
+])
+def test_gold_reward_of_well_formed_reviews(task, prompt, response, gold):
+    assert task.well_formed(prompt, response)
+    assert task.gold_reward(prompt, response) == pytest.approx(gold)
+
+
+@pytest.mark.parametrize("prompt, response", [
+    ("the film was", "very superb <eos>"),                        # missing "."
+    ("the film was", "very very superb . <eos>"),                 # duplicated word
+    ("the film was", "superb very . <eos>"),                      # swapped words
+    ("the film was", ". <eos>"),                                  # no adjective
+    ("the film was", "superb and . <eos>"),                       # dangling connective
+    ("the film was", "superb and the plot was superb and the cast was superb"
+                     " and the music was superb and the story was superb . <eos>"),  # 5 clauses
+    ("the film was", "superb ."),                                 # unfinished: no <eos>
+    ("the film was", "superb . <eos> superb"),                    # text after <eos>
+    ("the film was", "superb . <eos> <eos>"),                     # two <eos>
+    ("the film was", "superb . . <eos>"),                         # nothing may follow "."
+    ("the film was", "fantastic . <eos>"),                        # not a word of the language
+    ("the film was", "<unk> . <eos>"),
+    ("the film was superb .", "<eos>"),                           # the response wrote nothing
+    ("the film", "superb . <eos>"),                               # verb missing
+    ("", ""),
+])
+def test_not_well_formed_gets_minus_one(task, prompt, response):
+    assert not task.well_formed(prompt, response)
+    assert task.gold_reward(prompt, response) == -1.0
+
+
+def test_gold_reward_of_a_decoded_generation(task):
+    """The policy's side: ids -> decode -> gold, with EOS decoded as the word "<eos>"."""
+    tok = task.tokenizer()
+    prompt = "the plot was"
+    ids = tok.encode("truly gripping .") + [tok.eos_id, tok.pad_id, tok.pad_id]
+    response = tok.decode(ids)
+    assert response == "truly gripping . <eos>"
+    assert task.gold_reward(prompt, response) == 1.0
+
+
+# ----------------------------------------------------------------------------- demonstrations
+def test_demonstrations_are_well_formed_with_mean_gold_near_zero(task):
+    examples = task.sft_examples("train")
+    assert len(examples) == 20000
+    golds = []
+    for prompt, response in examples:
+        assert "<eos>" not in response  # the data layer appends the EOS token
+        assert prompt.split()[-1] in {"was", "felt", "seemed", "looked", "sounded"}
+        assert task.well_formed(prompt, response + " <eos>"), (prompt, response)
+        golds.append(task.gold_reward(prompt, response + " <eos>"))
+    assert all(-1.0 <= g <= 1.0 for g in golds)
+    assert abs(sum(golds) / len(golds)) < 0.15
+    # the taste is not in the demonstrations: they praise and pan in similar amounts
+    assert 0.25 < sum(g > 0 for g in golds) / len(golds) < 0.55
+    assert 0.25 < sum(g < 0 for g in golds) / len(golds) < 0.55
+
+
+def test_demonstrations_round_trip_through_the_tokenizer(task):
+    tok = task.tokenizer()
+    for prompt, response in task.sft_examples("eval") + [(p, "") for p in task.prompts("train")]:
+        text = f"{prompt} {response}".strip()
+        ids = tok.encode(text)
+        assert tok.unk_id not in ids and tok.pad_id not in ids and tok.eos_id not in ids
+        assert tok.decode(ids) == text
+
+
+def test_tokenizer_is_fixed_by_the_grammar():
+    a, b = ReviewsTask(seed=0).tokenizer(), ReviewsTask(seed=5).tokenizer()
+    assert a.state_dict() == b.state_dict()
+    assert "." in a.stoi and "the" in a.stoi and a.vocab_size < 60
+
+
+def test_twenty_thousand_demonstrations_are_fast():
+    start = time.perf_counter()
+    ReviewsTask(seed=123).sft_examples("train")
+    assert time.perf_counter() - start < 2.0
+
+
+# ----------------------------------------------------------------------------- determinism
+def test_same_seed_same_data_other_seed_other_data(task):
+    small = dict(n_sft_train=300, n_pairs_train=300, n_prompts_train=300)
+    a, b, c = ReviewsTask(seed=7, **small), ReviewsTask(seed=7, **small), ReviewsTask(seed=8, **small)
+    for kind in ("sft_examples", "preference_pairs", "prompts"):
+        data_a = getattr(a, kind)("train")
+        assert data_a == getattr(b, kind)("train")
+        assert data_a == getattr(a, kind)("train")  # every call, not only the first
+        assert data_a != getattr(c, kind)("train")
+
+
+def test_train_and_eval_differ(task):
+    assert task.sft_examples("train")[:500] != task.sft_examples("eval")
+    assert task.preference_pairs("train")[:1000] != task.preference_pairs("eval")
+    assert task.prompts("train")[:200] != task.prompts("eval")
+
+
+def test_returned_lists_are_copies(task):
+    examples = task.sft_examples("eval")
+    examples.clear()
+    assert len(task.sft_examples("eval")) == 500
+
+
+def test_bad_split_raises(task):
+    with pytest.raises(ValueError, match="split"):
+        task.sft_examples("test")
+
+
+# ----------------------------------------------------------------------------- preference pairs
+def test_pairs_share_a_prompt_and_corrupted_sides_are_broken(task):
+    pairs = task.preference_pairs("train")
+    n_broken = 0
+    for pair in pairs:
+        assert isinstance(pair, PreferencePair)
+        assert pair.chosen != pair.rejected
+        sides_ok = [task.well_formed(pair.prompt, side + " <eos>") for side in (pair.chosen, pair.rejected)]
+        assert sum(sides_ok) >= 1  # at most one side is corrupted
+        for ok, side in zip(sides_ok, (pair.chosen, pair.rejected)):
+            if not ok:
+                assert task.gold_reward(pair.prompt, side + " <eos>") == -1.0
+        n_broken += not all(sides_ok)
+    assert 0.07 < n_broken / len(pairs) < 0.13  # corrupt_frac = 0.1
+
+
+def test_no_corruption_when_corrupt_frac_is_zero():
+    clean = ReviewsTask(seed=1, n_pairs_eval=500, corrupt_frac=0.0)
+    for pair in clean.preference_pairs("eval"):
+        assert clean.well_formed(pair.prompt, pair.chosen + " <eos>")
+        assert clean.well_formed(pair.prompt, pair.rejected + " <eos>")
+
+
+def test_labels_follow_gold_but_with_noise(task):
+    agreement = gold_agreement(task, task.preference_pairs("eval"))
+    assert 0.85 < agreement < 0.97  # more often right than wrong, but not always (tau > 0)
+    noisy = ReviewsTask(seed=0, tau=1.0)
+    assert gold_agreement(noisy, noisy.preference_pairs("eval")) < agreement - 0.05
+
+
+def test_gold_agreement_counts_ties_as_half(task):
+    pairs = [PreferencePair("the film was", "very superb .", "dull ."),      # agrees
+             PreferencePair("the film was", "dull .", "very superb ."),      # disagrees
+             PreferencePair("the film was", "very superb .", "truly superb .")]  # tie
+    assert gold_agreement(task, pairs) == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- registry
+def test_get_task():
+    assert "reviews" in TASKS
+    made = get_task("reviews", seed=3, n_prompts_eval=5)
+    assert isinstance(made, ReviewsTask) and made.name == "reviews" and len(made.prompts("eval")) == 5
+    with pytest.raises(UserError, match="reviews"):
+        get_task("poems")
+
+
+def test_bad_tau_is_a_user_error():
+    with pytest.raises(UserError, match="tau"):
+        ReviewsTask(tau=0)

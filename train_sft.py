@@ -1,0 +1,224 @@
+"""Stage 1 of RLHF: supervised fine-tuning (SFT) on demonstrations.
+
+Next-token cross-entropy on prompt + response + EOS, counted on the response tokens only by
+default (the prompt is context; `--loss_on_prompt` counts it too). The result is the policy
+that the reward model starts from and that PPO fine-tunes, and the frozen reference of PPO.
+
+    python train_sft.py                        # built-in "reviews" task, tiny GPT, ~1 min on CPU
+    python train_sft.py --data demos.jsonl     # your {"prompt", "response"} or {"text"} lines
+    python train_sft.py --init_from gpt2 --data demos.jsonl   # start from GPT-2 weights
+
+Writes out_dir/ckpt.pt (model, tokenizer, optimizer, step, RNG) and out_dir/metrics.jsonl.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
+                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.data import IGNORE, SFTData, load_sft_jsonl
+from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.evaluate import policy_report, sample_responses
+from mingpt_rlhf.model import GPT, GPTConfig
+from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
+                                 seed_everything, set_lr)
+from mingpt_rlhf.tasks import get_task
+from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
+
+
+@dataclass
+class Config:
+    out_dir: str = opt("out/sft", "folder for ckpt.pt and metrics.jsonl")
+    task: str = opt("reviews", "built-in task giving demonstrations and a gold reward")
+    data: str = opt("", "JSONL of {prompt, response} or {text} lines; replaces the task's data")
+    eval_data: str = opt("", "held-out JSONL for eval_loss (default: 5%% of --data)")
+    init_from: str = opt("", "start from GPT-2 weights: a name (gpt2, ...) or a folder")
+    n_layer: int = opt(4, "transformer blocks (new model only)")
+    n_head: int = opt(4, "attention heads (new model only)")
+    n_embd: int = opt(128, "embedding width (new model only)")
+    block_size: int = opt(64, "longest prompt + response in tokens (new model only)")
+    dropout: float = opt(0.0, "dropout probability while training")
+    batch_size: int = opt(64, "sequences per optimizer step")
+    max_iters: int = opt(1500, "optimizer steps")
+    lr: float = opt(1e-3, "peak learning rate (AdamW)")
+    warmup_iters: int = opt(100, "linear warm-up steps, then cosine decay to lr/10")
+    weight_decay: float = opt(0.1, "AdamW weight decay on matrices")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
+    loss_on_prompt: bool = opt(False, "also train on prompt tokens (default: response only)")
+    eval_interval: int = opt(250, "steps between evaluations and checkpoints")
+    eval_prompts: int = opt(200, "held-out prompts sampled at each eval (built-in task)")
+    max_new_tokens: int = opt(32, "longest sampled response at eval")
+    temperature: float = opt(1.0, "sampling temperature of the eval samples")
+    seed: int = opt(1337, "random seed")
+    device: str = opt("auto", "auto | cpu | cuda | mps")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+
+
+def check_config(cfg: Config):
+    for name in ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
+                 "eval_interval", "max_new_tokens"]:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.n_embd % cfg.n_head:
+        raise UserError(f"--n_embd {cfg.n_embd} must be divisible by --n_head {cfg.n_head}")
+    if not 0 <= cfg.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.temperature < 0:
+        raise UserError(f"--temperature must be >= 0, got {cfg.temperature}")
+
+
+def load_demonstrations(cfg: Config, task):
+    """(train pairs, eval pairs) of (prompt, response) texts."""
+    if not cfg.data:
+        return task.sft_examples("train"), task.sft_examples("eval")
+    train = load_sft_jsonl(cfg.data)
+    if cfg.eval_data:
+        return train, load_sft_jsonl(cfg.eval_data)
+    n_eval = max(1, len(train) // 20) if len(train) > 1 else 0
+    g = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(train), generator=g).tolist()
+    return [train[i] for i in order[n_eval:]], [train[i] for i in order[:n_eval]] or train
+
+
+def make_tokenizer(cfg: Config, task, train_pairs):
+    if cfg.init_from:
+        from mingpt_rlhf.bpe import BPETokenizer
+        return BPETokenizer.from_pretrained(cfg.init_from)
+    if task is not None:
+        return task.tokenizer()
+    return WordTokenizer.from_texts(p + " " + r for p, r in train_pairs)
+
+
+@torch.no_grad()
+def eval_loss(model, data: SFTData, batch_size, device, ctx) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(data), batch_size):
+        inputs, targets = data.batch(range(i, min(i + batch_size, len(data))))
+        with ctx:
+            logits = model(inputs.to(device))
+        total += F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(),
+                                 ignore_index=IGNORE, reduction="sum").item()
+        count += (targets != IGNORE).sum().item()
+    model.train()
+    return total / max(1, count)
+
+
+def main(cfg: Config) -> dict:
+    # ---- config, device, seed
+    check_config(cfg)
+    device = pick_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    ctx = autocast(device, dtype)
+    seed_everything(cfg.seed)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
+                              "run without --resume to start anew") if cfg.resume else None
+
+    # ---- data
+    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed)
+    train_pairs, eval_pairs = load_demonstrations(cfg, task)
+    if resumed:
+        tokenizer = tokenizer_from_state(resumed["tokenizer"])
+    else:
+        tokenizer = make_tokenizer(cfg, task, train_pairs)
+
+    # ---- model
+    if resumed:
+        model = GPT(GPTConfig(**resumed["model_config"]))
+        load_state_dict_checked(model, resumed["model"], ckpt_path)
+    elif cfg.init_from:
+        model = GPT.from_pretrained(cfg.init_from, vocab_size=tokenizer.vocab_size)
+    else:
+        model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=cfg.block_size,
+                              n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd))
+    model.set_dropout(cfg.dropout)
+    model.to(device)
+    block_size = model.config.block_size
+    train_data = SFTData(tokenizer, train_pairs, block_size, cfg.loss_on_prompt)
+    eval_data = SFTData(tokenizer, eval_pairs, block_size, cfg.loss_on_prompt)
+    if train_data.skipped:
+        print(f"skipped {train_data.skipped} demonstrations whose response does not fit "
+              f"block_size {block_size}")
+    eval_prompts = [p for p, _ in eval_pairs][:cfg.eval_prompts] if task else []
+    print(f"{model.num_params() / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
+          f"{len(train_data)} train / {len(eval_data)} eval demonstrations, device {device}")
+
+    # ---- optimizer
+    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+    batch_gen = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        batch_gen.set_state(resumed["batch_rng"])
+        set_rng_state(resumed["rng"])
+        step = resumed["step"]
+    log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
+                     time_offset=resumed["time"] if resumed else 0.0)
+
+    def evaluate(step: int) -> dict:
+        figures = {"eval_loss": eval_loss(model, eval_data, cfg.batch_size, device, ctx)}
+        if task is not None:
+            gen = torch.Generator(device=device).manual_seed(cfg.seed + step)
+            with ctx:
+                responses = sample_responses(model, tokenizer, eval_prompts, cfg.max_new_tokens,
+                                             cfg.temperature, generator=gen)
+            report = policy_report(task, eval_prompts, responses)
+            figures.update(well_formed=report["well_formed"], gold=report["gold"])
+            for p, r in list(zip(eval_prompts, responses))[:3]:
+                tqdm.write(f"  [{p}] {r}")
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        return figures
+
+    def save(step: int):
+        save_checkpoint(ckpt_path, {
+            "stage": "sft", "model": model.state_dict(), "model_config": asdict(model.config),
+            "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
+            "step": step, "rng": rng_state(), "batch_rng": batch_gen.get_state(),
+            "time": log.elapsed(), "config": asdict(cfg)})
+
+    # ---- loop
+    model.train()
+    bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="sft",
+               dynamic_ncols=True)
+    for step in bar:
+        lr = lr_at(step, cfg.max_iters, cfg.lr, cfg.warmup_iters, "cosine", min_ratio=0.1)
+        set_lr(optimizer, lr)
+        idx = torch.randint(len(train_data), (cfg.batch_size,), generator=batch_gen)
+        inputs, targets = train_data.batch(idx.tolist())
+        inputs, targets = inputs.to(device), targets.to(device)
+        with ctx:
+            # right padding needs no attention mask: a causal model never looks right
+            logits = model(inputs)  # (B, T, V); logits[:, t] predicts token t + 1 = targets[:, t]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if step % 10 == 0:
+            log.log(step, loss=loss.item(), lr=lr)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
+            evaluate(step + 1)
+            save(step + 1)
+    bar.close()
+
+    final = evaluate(cfg.max_iters)
+    save(cfg.max_iters)
+    summary = log.log(cfg.max_iters, final=True, **final)
+    print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    return summary
+
+
+if __name__ == "__main__":
+    run(main, Config)
