@@ -1,0 +1,109 @@
+"""The reward model (one score per sequence), the critic (one value per token), the pairwise loss.
+
+Both are the GPT trunk with a `Linear(n_embd, 1)` head on its final hidden states, so they
+share one layout of parameters (`gpt.*`, `head.*`): a reward-model checkpoint loads straight
+into a critic, which is how InstructGPT initialises its value function.
+
+- `RewardModel`: reads the head at the **last real token** of each sequence (the EOS of the
+  response), whether the batch is padded on the left or on the right. Reading it at a pad
+  position is a classic bug (RLHF_NOTES.md, failure mode 2). After training, a gain and a
+  bias normalise its scores to mean 0, std 1 on the SFT policy's samples (lm-human-preferences
+  does the same), so the PPO reward starts on a known scale.
+- `Critic`: reads the head at every position; PPO uses the values at response positions.
+- `pairwise_loss`: InstructGPT's `-log sigmoid(r_chosen - r_rejected)`, computed with
+  `logsigmoid`, which stays finite where `log(sigmoid(x))` underflows to log(0).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UserError
+from .model import GPT, GPTConfig
+
+
+def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) column of the last 1 in each row of a (B, T) mask; works for left or right padding."""
+    T = attention_mask.size(1)
+    positions = torch.arange(T, device=attention_mask.device)
+    return (attention_mask.long() * positions).argmax(-1)
+
+
+class ScalarHeadModel(nn.Module):
+    """GPT trunk + a linear head giving one number per position."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.gpt = GPT(config)
+        self.head = nn.Linear(config.n_embd, 1)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.gpt.config
+
+    def token_scores(self, idx, attention_mask=None) -> torch.Tensor:
+        """(B, T) head outputs at every position."""
+        hidden = self.gpt.trunk(idx, attention_mask)  # (B, T, C)
+        return self.head(hidden).squeeze(-1)          # (B, T)
+
+    def load_trunk_and_head(self, state_dict: dict, where: str = "reward model checkpoint"):
+        """Take `gpt.*` and `head.*` from a RewardModel or Critic state dict; keep our buffers."""
+        from .checkpoint import load_state_dict_checked
+        if "head.weight" not in state_dict:
+            raise UserError(f"{where} holds no scalar head: is it a reward model checkpoint?")
+        own = self.state_dict()
+        picked = {k: state_dict.get(k, v) if k.startswith(("gpt.", "head.")) else v
+                  for k, v in own.items()}
+        load_state_dict_checked(self, picked, where)
+
+
+class RewardModel(ScalarHeadModel):
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        # InstructGPT-style head init: N(0, 1/sqrt(n_embd + 1)) keeps initial scores O(1)
+        nn.init.normal_(self.head.weight, std=1 / math.sqrt(config.n_embd + 1))
+        nn.init.zeros_(self.head.bias)
+        # score normalisation, set after training by `set_normalisation`; saved with the model
+        self.register_buffer("gain", torch.tensor(1.0))
+        self.register_buffer("bias", torch.tensor(0.0))
+
+    def forward(self, idx, attention_mask=None, normalise: bool = True) -> torch.Tensor:
+        """(B,) score of each sequence, read at its last real token."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(idx)
+        scores = self.token_scores(idx, attention_mask)                     # (B, T)
+        last = last_real_index(attention_mask)                               # (B,)
+        raw = scores.gather(1, last[:, None]).squeeze(1)                     # (B,)
+        return self.gain * raw + self.bias if normalise else raw
+
+    def set_normalisation(self, raw_scores: torch.Tensor) -> None:
+        """Choose gain and bias so that these raw scores get mean 0 and std 1."""
+        mean, std = raw_scores.float().mean(), raw_scores.float().std()
+        self.gain.fill_(1.0 / max(std.item(), 1e-6))
+        self.bias.fill_(-mean.item() * self.gain.item())
+
+
+class Critic(ScalarHeadModel):
+    """Value of every prefix: values[:, t] estimates the return from position t on.
+
+    Initialised from the reward model when one is given (InstructGPT): the trunk already knows
+    what makes a response good, and the RM head gives values on roughly the reward's scale from
+    the first step. A critic built without an RM starts with a zero head, so its first values
+    are 0 and carry no false signal into the advantages.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, idx, attention_mask=None) -> torch.Tensor:
+        return self.token_scores(idx, attention_mask)  # (B, T)
+
+
+def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: float = 0.0):
+    """Mean of -log sigmoid(r_chosen - r_rejected - margin) over (B,) scores."""
+    return -F.logsigmoid(chosen - rejected - margin).mean()

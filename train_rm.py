@@ -1,0 +1,275 @@
+"""Stage 2 of RLHF: a reward model learns the labeller's preferences.
+
+The SFT trunk plus a scalar head scores a whole response (at its EOS). For each preference
+pair, chosen and rejected go through the model in one batch and the loss is
+`-log sigmoid(r_chosen - r_rejected)` (InstructGPT eq. 1). One epoch by default, with the
+learning rate decaying to 0: preference labels are scarce and a second pass overfits them.
+
+After training, the scores are normalised (mean 0, std 1 on responses sampled from the SFT
+policy), so that PPO starts from rewards on a known scale.
+
+    python train_rm.py                         # built-in task, from out/sft
+    python train_rm.py --data prefs.jsonl      # {"prompt", "chosen", "rejected"} lines (HH, trl)
+
+Writes out_dir/ckpt.pt (reward model, normalisation, tokenizer, optimizer, step, RNG, which
+SFT checkpoint it came from) and out_dir/metrics.jsonl with loss, acc, eval_acc, and on the
+built-in task eval_gold_acc and eval_gold_corr.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
+                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.data import (encode_example, encode_prompt, left_pad, load_preference_jsonl,
+                              right_pad)
+from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.heads import RewardModel, pairwise_loss
+from mingpt_rlhf.model import GPT, GPTConfig
+from mingpt_rlhf.sampling import generate
+from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
+                                 seed_everything, set_lr)
+from mingpt_rlhf.tasks import gold_agreement, get_task
+from mingpt_rlhf.tokenizer import tokenizer_from_state
+
+
+@dataclass
+class Config:
+    out_dir: str = opt("out/rm", "folder for ckpt.pt and metrics.jsonl")
+    sft_dir: str = opt("out/sft", "SFT output folder: the trunk and tokenizer start from it")
+    task: str = opt("reviews", "built-in task giving preference pairs and a gold reward")
+    data: str = opt("", "JSONL of {prompt, chosen, rejected} lines; replaces the task's pairs")
+    eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
+    n_pairs: int = opt(8000, "built-in task: number of training pairs the labeller makes")
+    epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
+    batch_size: int = opt(32, "pairs per optimizer step")
+    lr: float = opt(3e-4, "peak learning rate (AdamW), decayed linearly to 0")
+    warmup_iters: int = opt(20, "linear warm-up steps")
+    weight_decay: float = opt(0.0, "AdamW weight decay on matrices")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
+    margin: float = opt(0.0, "margin in -log sigmoid(r_chosen - r_rejected - margin)")
+    dropout: float = opt(0.0, "dropout probability while training")
+    eval_interval: int = opt(100, "steps between evaluations and checkpoints")
+    norm_samples: int = opt(512, "SFT samples used to normalise the scores (0 = no normalising)")
+    max_new_tokens: int = opt(32, "longest response sampled for normalisation")
+    seed: int = opt(1337, "random seed")
+    device: str = opt("auto", "auto | cpu | cuda | mps")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+
+
+class PairData:
+    """Encoded preference pairs; a batch is chosen rows then rejected rows, right-padded."""
+
+    def __init__(self, tokenizer, pairs, block_size: int):
+        self.pairs = []
+        for p in pairs:
+            c = encode_example(tokenizer, p.prompt, p.chosen, block_size)
+            r = encode_example(tokenizer, p.prompt, p.rejected, block_size)
+            if c is not None and r is not None:
+                self.pairs.append((c[0], r[0]))
+        self.skipped = len(pairs) - len(self.pairs)
+        if not self.pairs:
+            raise UserError(f"no preference pair fits block_size {block_size}")
+        self.pad_id = tokenizer.pad_id
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def batch(self, indices):
+        rows = [self.pairs[i][0] for i in indices] + [self.pairs[i][1] for i in indices]
+        return right_pad(rows, self.pad_id)  # (2B, T) ids and mask
+
+
+@torch.no_grad()
+def score_texts(model, tokenizer, prompts, responses, device, ctx, batch_size=128):
+    """Normalised RM scores (N,) of prompt + response + EOS texts."""
+    block = model.config.block_size
+    scores = []
+    for i in range(0, len(prompts), batch_size):
+        rows = [encode_example(tokenizer, p, r, block)[0]
+                for p, r in zip(prompts[i:i + batch_size], responses[i:i + batch_size])]
+        ids, mask = right_pad(rows, tokenizer.pad_id)
+        with ctx:
+            scores.append(model(ids.to(device), mask.to(device)).float().cpu())
+    return torch.cat(scores)
+
+
+@torch.no_grad()
+def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, batch_size):
+    model.eval()
+    losses, correct = [], 0
+    for i in range(0, len(data), batch_size):
+        idx = list(range(i, min(i + batch_size, len(data))))
+        ids, mask = data.batch(idx)
+        with ctx:
+            scores = model(ids.to(device), mask.to(device)).float()
+        chosen, rejected = scores[:len(idx)], scores[len(idx):]
+        losses.append(pairwise_loss(chosen, rejected).item() * len(idx))
+        correct += (chosen > rejected).sum().item()
+    figures = {"eval_loss": sum(losses) / len(data), "eval_acc": correct / len(data)}
+    if task is not None:
+        # the gold reward never trains the RM; here it tells how well the RM learned the taste
+        prompts = [p.prompt for p in eval_pairs] * 2
+        responses = [p.chosen for p in eval_pairs] + [p.rejected for p in eval_pairs]
+        rm = score_texts(model, tokenizer, prompts, responses, device, ctx)
+        gold = torch.tensor([task.gold_reward(p, r + " <eos>") for p, r in zip(prompts, responses)])
+        n = len(eval_pairs)
+        differ = gold[:n] != gold[n:]
+        agree = ((rm[:n] > rm[n:]) == (gold[:n] > gold[n:]))[differ]
+        figures["eval_gold_acc"] = agree.float().mean().item()
+        figures["eval_gold_corr"] = torch.corrcoef(torch.stack([rm, gold]))[0, 1].item()
+    model.train()
+    return figures
+
+
+@torch.no_grad()
+def sft_sample_scores(sft: dict, model, tokenizer, prompts, cfg, device, ctx, batch_size=64):
+    """Raw RM scores (N,) of responses sampled from the SFT policy, scored as PPO scores them:
+    the generated token ids, read at the last real token."""
+    policy = GPT(GPTConfig(**sft["model_config"]))
+    policy.load_state_dict(sft["model"])
+    policy.to(device).eval()
+    model.eval()
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    max_prompt = policy.config.block_size - cfg.max_new_tokens
+    scores = []
+    for i in range(0, len(prompts), batch_size):
+        rows = [encode_prompt(tokenizer, p, max_prompt) for p in prompts[i:i + batch_size]]
+        ids, mask = left_pad(rows, tokenizer.pad_id)
+        with ctx:
+            out = generate(policy, ids.to(device), mask.to(device), cfg.max_new_tokens,
+                           temperature=1.0, eos_token_id=tokenizer.eos_id,
+                           pad_token_id=tokenizer.pad_id, generator=gen)
+            scores.append(model(out.sequences, out.attention_mask, normalise=False).float().cpu())
+    return torch.cat(scores)
+
+
+def main(cfg: Config) -> dict:
+    # ---- config, device, seed
+    for name in ["epochs", "batch_size", "eval_interval", "max_new_tokens"]:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    device = pick_device(cfg.device)
+    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    seed_everything(cfg.seed)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    sft_path = os.path.join(cfg.sft_dir, "ckpt.pt")
+    sft = load_checkpoint(sft_path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
+                              "run without --resume to start anew") if cfg.resume else None
+
+    # ---- data
+    tokenizer = tokenizer_from_state(sft["tokenizer"])
+    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
+    if task is not None:
+        train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
+    else:
+        train_pairs = load_preference_jsonl(cfg.data)
+        if cfg.eval_data:
+            eval_pairs = load_preference_jsonl(cfg.eval_data)
+        else:
+            order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+            n_eval = max(1, len(train_pairs) // 20)
+            eval_pairs = [train_pairs[i] for i in order[:n_eval]]
+            train_pairs = [train_pairs[i] for i in order[n_eval:]] or eval_pairs
+
+    # ---- model: the SFT trunk + a fresh head (or everything from the checkpoint on resume)
+    model = RewardModel(GPTConfig(**sft["model_config"]))
+    if resumed:
+        load_state_dict_checked(model, resumed["model"], ckpt_path)
+    else:
+        load_state_dict_checked(model.gpt, sft["model"], sft_path)
+    model.gpt.set_dropout(cfg.dropout)
+    model.to(device)
+    block = model.config.block_size
+    train_data = PairData(tokenizer, train_pairs, block)
+    eval_data = PairData(tokenizer, eval_pairs, block)
+    if train_data.skipped:
+        print(f"skipped {train_data.skipped} pairs that do not fit block_size {block}")
+    steps_per_epoch = len(train_data) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise UserError(f"{len(train_data)} pairs are fewer than --batch_size {cfg.batch_size}")
+    max_iters = steps_per_epoch * cfg.epochs
+    print(f"{len(train_data)} train / {len(eval_data)} eval pairs, {max_iters} steps, device {device}")
+    if task is not None:
+        print(f"label ceiling: the gold reward itself agrees with {gold_agreement(task, eval_pairs):.3f} "
+              f"of the held-out labels (the labeller is noisy)")
+
+    # ---- optimizer
+    optimizer = torch.optim.AdamW(model.gpt.optim_groups(cfg.weight_decay)
+                                  + [{"params": list(model.head.parameters()), "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=(0.9, 0.95))
+    step = 0
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        set_rng_state(resumed["rng"])
+        step = resumed["step"]
+    log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
+                     time_offset=resumed["time"] if resumed else 0.0)
+
+    def save(step: int, normalised: bool = False):
+        save_checkpoint(ckpt_path, {
+            "stage": "rm", "model": model.state_dict(), "model_config": asdict(model.config),
+            "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
+            "step": step, "rng": rng_state(), "time": log.elapsed(), "config": asdict(cfg),
+            "normalised": normalised,
+            "sft": {"path": os.path.abspath(sft_path), "step": sft["step"]}})
+
+    def run_eval(step: int) -> dict:
+        figures = evaluate(model, eval_data, task, eval_pairs, tokenizer, device, ctx, 2 * cfg.batch_size)
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        return figures
+
+    # ---- loop: each epoch visits every pair once, in an order fixed by (seed, epoch)
+    model.train()
+    bar = tqdm(range(step, max_iters), initial=step, total=max_iters, desc="rm", dynamic_ncols=True)
+    for step in bar:
+        epoch, k = divmod(step, steps_per_epoch)
+        order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed + epoch))
+        idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size].tolist()
+        lr = lr_at(step, max_iters, cfg.lr, cfg.warmup_iters, "linear")
+        set_lr(optimizer, lr)
+        ids, mask = train_data.batch(idx)
+        with ctx:
+            # one forward for chosen and rejected together, then split the scores
+            scores = model(ids.to(device), mask.to(device), normalise=False).float()  # (2B,)
+        chosen, rejected = scores[:len(idx)], scores[len(idx):]
+        loss = pairwise_loss(chosen, rejected, cfg.margin)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if step % 10 == 0:
+            acc = (chosen > rejected).float().mean().item()
+            log.log(step, loss=loss.item(), acc=acc, lr=lr)
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
+        if (step + 1) % cfg.eval_interval == 0 and step + 1 < max_iters:
+            run_eval(step + 1)
+            save(step + 1)
+    bar.close()
+    final = run_eval(max_iters)
+
+    # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
+    if cfg.norm_samples > 0:
+        prompts = (task.prompts("train") if task else [p.prompt for p in train_pairs])[:cfg.norm_samples]
+        raw = sft_sample_scores(sft, model, tokenizer, prompts, cfg, device, ctx)
+        model.set_normalisation(raw)
+        final.update(norm_gain=model.gain.item(), norm_bias=model.bias.item())
+        print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "
+              f"bias {model.bias.item():.4f}")
+    save(max_iters, normalised=cfg.norm_samples > 0)
+    summary = log.log(max_iters, final=True, **final)
+    print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    return summary
+
+
+if __name__ == "__main__":
+    run(main, Config)
