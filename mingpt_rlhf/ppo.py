@@ -1,0 +1,215 @@
+"""The math of PPO for language models, in the order you would teach it.
+
+An episode is one response: the state is prompt + tokens so far, an action is the next token.
+Everything below works on response-aligned tensors of shape (B, N): column i is the i-th
+generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 after it.
+
+1. `token_logprobs`: log-prob of each taken token. The logit at position t predicts token
+   t + 1, so the response tokens (columns T..T+N-1 of the sequence) are scored by the logits
+   at columns T-1..T+N-2. Getting this shift wrong is the classic RLHF bug.
+2. `kl_shaped_rewards`: r_t = -beta * (logp_t - ref_logp_t) on every response token (the k1
+   estimate of KL to the reference policy), plus the reward model's score on the last real
+   token (Ziegler et al. 2019; InstructGPT).
+3. `gae`: generalised advantage estimation (Schulman et al. 2016), a reversed loop:
+   delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1},
+   with V and A equal to 0 past the last real token; returns = A + V.
+4. `ReplayBuffer`: the experiences of one or more rollout batches, reshuffled into
+   minibatches every epoch and cleared after the update (PPO is on-policy).
+5. `policy_loss`: max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), masked mean.
+   `value_loss`: 0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2), masked mean.
+6. `AdaptiveKLController`: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
+
+Every function here is checked against a hand computation or a plain reference in
+tests/test_ppo.py. The loop that strings them together is in `ppo_trainer.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+
+# ----------------------------------------------------------------------------- helpers
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the real positions; padding stays 0. eps keeps a tiny std finite."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens) from logits already aligned with them: both (B, N[, V]) -> (B, N).
+
+    Callers pass `logits[:, T-1:-1]` for the response `sequences[:, T:]`: the logit at column
+    t is the model's prediction for the token at column t + 1.
+    """
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """(B, N) entropy of the sampling distribution at each position; always >= 0."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) column of each row's last real action (its EOS, or the last token generated)."""
+    positions = torch.arange(action_mask.size(1), device=action_mask.device)
+    return (action_mask.long() * positions).argmax(-1)
+
+
+# ----------------------------------------------------------------------------- experience
+@dataclass
+class Experience:
+    """One rollout batch. sequences/attention_mask are (B, T + N); the rest is (B, N) or (B,)."""
+    sequences: torch.Tensor       # (B, T + N) left-padded prompt, then response
+    attention_mask: torch.Tensor  # (B, T + N) 1 = real token
+    action_mask: torch.Tensor     # (B, N) float, 1 = generated token up to and including EOS
+    logprobs: torch.Tensor        # (B, N) log-probs under the policy that sampled (old policy)
+    ref_logprobs: torch.Tensor    # (B, N) under the frozen reference (SFT) policy
+    values: torch.Tensor          # (B, N) critic's values at sampling time (old values)
+    rewards: torch.Tensor         # (B, N) KL-shaped rewards, score on the last real token
+    advantages: torch.Tensor      # (B, N) GAE, whitened over real tokens
+    returns: torch.Tensor         # (B, N) advantages (before whitening) + values
+    scores: torch.Tensor          # (B,) reward-model score used (clipped; penalty if no EOS)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.sequences.size(1) - self.action_mask.size(1)
+
+    def select(self, idx: torch.Tensor) -> "Experience":
+        return Experience(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+
+def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
+    """Concatenate rollout batches whose prompt width T or response width N differ: prompts are
+    padded further on the left, responses further on the right, so that every row's response
+    starts in the same column again."""
+    T = max(b.prompt_len for b in batches)
+    N = max(b.action_mask.size(1) for b in batches)
+    parts = {f.name: [] for f in fields(Experience)}
+    for b in batches:
+        left, right = T - b.prompt_len, N - b.action_mask.size(1)
+        parts["sequences"].append(F.pad(b.sequences, (left, right), value=pad_id))
+        parts["attention_mask"].append(F.pad(b.attention_mask, (left, right)))
+        for name in ["action_mask", "logprobs", "ref_logprobs", "values", "rewards",
+                     "advantages", "returns"]:
+            parts[name].append(F.pad(getattr(b, name), (0, right)))
+        parts["scores"].append(b.scores)
+    return Experience(**{k: torch.cat(v) for k, v in parts.items()})
+
+
+# ----------------------------------------------------------------------------- rewards, GAE
+def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: float):
+    """(B, N) rewards: -kl_coef * (logp - ref_logp) per token, + score on the last real token."""
+    rewards = -kl_coef * (logprobs - ref_logprobs) * action_mask
+    last = last_action_index(action_mask)
+    rewards[torch.arange(len(scores)), last] += scores
+    return rewards
+
+
+def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
+    """(advantages, returns), both (B, N). Positions after the last real token are zeros, so
+    the last real token bootstraps from V = 0: the episode ends there."""
+    rewards, values = rewards * action_mask, values * action_mask
+    N = rewards.size(1)
+    advantages = torch.zeros_like(rewards)
+    next_adv = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(N)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = delta + gamma * lam * next_adv
+        advantages[:, t] = next_adv
+        next_value = values[:, t]
+    advantages = advantages * action_mask
+    return advantages, (advantages + values) * action_mask
+
+
+# ----------------------------------------------------------------------------- replay buffer
+class ReplayBuffer:
+    """Rollout batches split into items (rows); yields shuffled minibatches of items."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+        self.batches: list[Experience] = []
+        self.items: Experience | None = None
+
+    def add(self, experience: Experience) -> None:
+        self.batches.append(experience)
+        self.items = None
+
+    def __len__(self) -> int:
+        return sum(len(b.scores) for b in self.batches)
+
+    def minibatches(self, size: int, generator: torch.Generator | None = None):
+        """One epoch: every item exactly once, in a fresh random order (the last minibatch is
+        smaller when `size` does not divide the number of items)."""
+        if self.items is None:
+            self.items = align_and_cat(self.batches, self.pad_id)
+        order = torch.randperm(len(self), generator=generator).to(self.items.scores.device)
+        for i in range(0, len(self), size):
+            yield self.items.select(order[i:i + size])
+
+    def clear(self) -> None:
+        self.batches, self.items = [], None
+
+
+# ----------------------------------------------------------------------------- losses
+def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2):
+    """Clipped surrogate loss and its diagnostics (clipfrac, approx_kl), all masked means."""
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
+    loss = masked_mean(torch.max(unclipped, clipped), action_mask)
+    with torch.no_grad():
+        clipfrac = masked_mean((clipped > unclipped).float(), action_mask)
+        # k3 estimator of KL(old || new): unbiased and >= 0 (Schulman's "approximating KL")
+        approx_kl = masked_mean((ratio - 1) - log_ratio, action_mask)
+    return loss, clipfrac, approx_kl
+
+
+def value_loss(values, old_values, returns, action_mask, clip_range: float = 0.2):
+    """Clipped value loss: the critic may not move more than clip_range from its old values."""
+    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    loss = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, action_mask)
+
+
+def explained_variance(values, returns, action_mask) -> float:
+    """1 - Var(returns - values) / Var(returns) over real tokens: 1 = perfect critic, 0 = none."""
+    var_returns = masked_mean((returns - masked_mean(returns, action_mask)) ** 2, action_mask)
+    diff = returns - values
+    var_diff = masked_mean((diff - masked_mean(diff, action_mask)) ** 2, action_mask)
+    return (1 - var_diff / var_returns.clamp(min=1e-8)).item()
+
+
+# ----------------------------------------------------------------------------- KL coefficient
+class FixedKLController:
+    def __init__(self, kl_coef: float):
+        self.value = kl_coef
+
+    def update(self, kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController:
+    """Ziegler et al. 2019: steer the KL per response towards `target` nats.
+
+    The error is clipped to +-20 % so that one noisy batch cannot swing beta far, and each
+    update moves beta by at most n_steps / horizon of that error.
+    """
+
+    def __init__(self, kl_coef: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = kl_coef, target, horizon
+
+    def update(self, kl: float, n_steps: int) -> None:
+        error = min(max(kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + error * n_steps / self.horizon

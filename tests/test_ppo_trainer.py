@@ -1,0 +1,145 @@
+"""PPO iteration properties on tiny random models (ppo_trainer.py)."""
+import copy
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from conftest import left_pad
+from mingpt_rlhf.data import SFTData
+from mingpt_rlhf.model import GPT, GPTConfig
+from mingpt_rlhf.ppo import FixedKLController, token_logprobs
+from mingpt_rlhf.ppo_trainer import PPOTrainer
+from mingpt_rlhf.tokenizer import WordTokenizer
+
+EOS, PAD, TARGET = 1, 0, 5
+
+
+@dataclass
+class Cfg:
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    actor_lr: float = 3e-3
+    critic_lr: float = 3e-3
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_range: float = 0.2
+    clip_range_value: float = 0.2
+    vf_coef: float = 0.1
+    entropy_coef: float = 0.0
+    ptx_coef: float = 0.0
+    target_kl: float = 0.0
+    reward_clip: float = 5.0
+    missing_eos_penalty: float = -1.0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 4
+    minibatch_size: int = 8
+
+
+def count_target(sequences, attention_mask, action_mask):
+    """Trivial reward: the number of times TARGET appears in the response."""
+    T = sequences.size(1) - action_mask.size(1)
+    return ((sequences[:, T:] == TARGET) & action_mask.bool()).sum(-1).float()
+
+
+def make_trainer(cfg=None, shared=True, ptx_data=None, seed=0):
+    torch.manual_seed(seed)
+    actor = GPT(GPTConfig(vocab_size=8, block_size=24, n_layer=1, n_head=2, n_embd=32))
+    ref = copy.deepcopy(actor).requires_grad_(False)
+    head = torch.nn.Linear(32, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    from mingpt_rlhf.heads import Critic
+    critic = None if shared else Critic(actor.config)
+    return PPOTrainer(cfg or Cfg(), actor, ref, count_target, critic=critic,
+                      value_head=head if shared else None, eos_id=EOS, pad_id=PAD,
+                      kl_ctl=FixedKLController(0.05), ptx_data=ptx_data)
+
+
+def prompts(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(2, 8, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+    return left_pad(rows, PAD)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_ratio_is_one_and_approx_kl_zero_on_the_first_minibatch(shared):
+    tr = make_trainer(shared=shared)
+    exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    tr.buffer.add(exp)
+    mb = next(tr.buffer.minibatches(8, torch.Generator().manual_seed(1)))
+    logits, values = tr.policy_and_values(mb.sequences, mb.attention_mask, mb.prompt_len)
+    logprobs = token_logprobs(logits, mb.sequences[:, mb.prompt_len:]) * mb.action_mask
+    ratio = torch.exp(logprobs - mb.logprobs)
+    assert (ratio - 1).abs().max().item() < 1e-5
+    torch.testing.assert_close(values * mb.action_mask, mb.values, atol=1e-5, rtol=0)
+
+
+def test_kl_of_a_model_to_itself_is_zero():
+    tr = make_trainer()
+    exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    assert stats["kl"] == 0.0
+    assert torch.equal(exp.logprobs, exp.ref_logprobs)
+    assert stats["entropy"] >= 0
+
+
+def test_experience_is_padding_invariant():
+    """A prompt alone or left-padded in a batch gets the same log-probs, values and rewards."""
+    tr = make_trainer(shared=False)
+    with torch.no_grad():
+        tr.critic.head.weight.normal_()  # non-zero values, so the check means something
+    ids, mask = prompts(6, seed=3)
+    batched, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
+    for i in range(6):
+        seq = batched.sequences[i][batched.attention_mask[i].bool()]  # the row without padding
+        n_prompt = int(mask[i].sum())
+        alone_ids = seq[None]
+        attn = torch.ones_like(alone_ids)
+        logits, values = tr.policy_and_values(alone_ids, attn, n_prompt)
+        n = int(batched.action_mask[i].sum())
+        lp = token_logprobs(logits, alone_ids[:, n_prompt:])[0]
+        torch.testing.assert_close(lp, batched.logprobs[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(values[0], batched.values[i, :n], atol=1e-5, rtol=0)
+
+
+def test_nothing_after_eos_gets_reward_advantage_or_loss_weight():
+    tr = make_trainer()
+    with torch.no_grad():
+        tr.actor.lm_head.weight[EOS] += 0.5  # stop often but not always
+    exp, _ = tr.make_experience(*prompts(32), torch.Generator().manual_seed(0))
+    after = exp.action_mask == 0
+    assert after.any(), "some rows should stop early"
+    for name in ["rewards", "advantages", "returns", "logprobs", "values"]:
+        assert (getattr(exp, name)[after] == 0).all(), name
+    last = exp.action_mask.sum(-1).long() - 1
+    ended = (exp.sequences[torch.arange(32), exp.prompt_len + last] == EOS)
+    expected = torch.where(ended, count_target(exp.sequences, exp.attention_mask, exp.action_mask),
+                           torch.tensor(-1.0))
+    torch.testing.assert_close(exp.scores, expected)
+
+
+def test_ptx_coef_zero_is_exactly_the_policy_loss():
+    tok = WordTokenizer([str(i) for i in range(5)])  # 8 ids: pad, eos, unk, 0..4
+    demos = SFTData(tok, [("0 1", "2 3 4")] * 20, 24)
+    outs = []
+    for ptx in [demos, None]:
+        tr = make_trainer(ptx_data=ptx, seed=0)
+        tr.buffer.add(tr.make_experience(*prompts(), torch.Generator().manual_seed(0))[0])
+        tr.learn(torch.Generator().manual_seed(1))
+        outs.append(torch.cat([p.flatten() for p in tr.actor.parameters()]))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_ppo_raises_a_trivial_reward():
+    """+1 per occurrence of token 5: a few iterations should clearly raise it."""
+    tr = make_trainer(Cfg(max_new_tokens=8, minibatch_size=16))
+    g = torch.Generator().manual_seed(0)
+    ids, mask = prompts(64, seed=1)
+    rewards = []
+    for _ in range(12):
+        exps, stats = tr.step([(ids, mask)], g)
+        rewards.append(stats["rm_score"])
+    assert rewards[-1] > rewards[0] + 1.0, rewards

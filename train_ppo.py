@@ -1,0 +1,295 @@
+"""Stage 3 of RLHF: PPO against the frozen reward model, with the ptx (pretraining mix) loss.
+
+    actor  = SFT weights (trained)           reference = SFT weights (frozen)
+    critic = RM weights, per-token head       reward    = RM, normalised (frozen)
+
+Each iteration: sample responses to a batch of prompts -> score them -> rewards with a KL
+penalty to the reference -> GAE -> ppo_epochs x minibatches of clipped policy and value
+losses (+ ptx_coef x LM loss on demonstrations) -> adapt the KL coefficient.
+The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the iteration).
+
+    python train_ppo.py                         # built-in task, from out/sft and out/rm
+    python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
+    python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
+
+Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, gold, kl, kl_coef, entropy,
+pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
+t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, distinct2).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
+                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.data import SFTData, encode_prompt, left_pad, load_prompts_jsonl, load_sft_jsonl
+from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.evaluate import distinct_n
+from mingpt_rlhf.heads import Critic, RewardModel
+from mingpt_rlhf.model import GPT, GPTConfig
+from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
+from mingpt_rlhf.ppo_trainer import PPOTrainer
+from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
+                                 seed_everything, set_lr)
+from mingpt_rlhf.tasks import get_task
+from mingpt_rlhf.tokenizer import same_tokenizer, tokenizer_from_state
+
+
+@dataclass
+class Config:
+    out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl")
+    sft_dir: str = opt("out/sft", "SFT output folder: actor and reference start from it")
+    rm_dir: str = opt("out/rm", "reward model output folder: reward and critic start from it")
+    task: str = opt("reviews", "built-in task giving prompts and a gold reward")
+    prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts")
+    ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
+    critic: str = opt("separate", "separate (own trunk, from the RM) | shared (value head on the actor)")
+    max_iters: int = opt(100, "PPO iterations (rollouts + update)")
+    rollout_batch_size: int = opt(64, "prompts per rollout batch")
+    rollouts_per_update: int = opt(1, "rollout batches collected before each update")
+    ppo_epochs: int = opt(4, "passes over the replay buffer per update")
+    minibatch_size: int = opt(16, "responses per minibatch (>= 8 keeps whitening stable)")
+    max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
+    temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
+    top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
+                        "log-probs are of the full distribution, so filtering inflates the KL")
+    top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
+    actor_lr: float = opt(1e-4, "actor learning rate, decayed linearly to 0")
+    critic_lr: float = opt(3e-4, "critic learning rate (separate critic), decayed linearly")
+    kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
+    adaptive_kl: bool = opt(True, "adapt beta towards --kl_target (Ziegler et al. 2019)")
+    kl_target: float = opt(6.0, "target KL per response, nats (adaptive KL)")
+    kl_horizon: int = opt(10000, "adaptive KL horizon, in samples")
+    gamma: float = opt(1.0, "GAE discount")
+    lam: float = opt(0.95, "GAE lambda")
+    clip_range: float = opt(0.2, "policy ratio clip epsilon")
+    clip_range_value: float = opt(0.2, "value clip range around the old values")
+    vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
+    entropy_coef: float = opt(0.0, "entropy bonus weight")
+    ptx_coef: float = opt(0.1, "weight of the LM loss on demonstrations (0 = off)")
+    target_kl: float = opt(0.0, "stop an update's epochs early when approx-KL passes this (0 = off)")
+    reward_clip: float = opt(5.0, "clip reward-model scores to +-this")
+    missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")
+    grad_clip: float = opt(1.0, "clip gradient norms to this (0 = off)")
+    eval_interval: int = opt(20, "iterations between evaluations and checkpoints")
+    eval_prompts: int = opt(200, "held-out prompts sampled at each eval")
+    seed: int = opt(1337, "random seed")
+    device: str = opt("auto", "auto | cpu | cuda | mps")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+
+
+def check_config(cfg: Config):
+    for name in ["max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
+                 "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon"]:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.critic not in ("separate", "shared"):
+        raise UserError(f"--critic must be separate or shared, got {cfg.critic!r}")
+    if cfg.temperature <= 0:
+        raise UserError(f"--temperature must be > 0 for PPO (log-probs divide by it), got {cfg.temperature}")
+    if cfg.top_k < 0:
+        raise UserError(f"--top_k must be >= 0 (0 = off), got {cfg.top_k}")
+    if not 0 < cfg.top_p <= 1:
+        raise UserError(f"--top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.kl_coef < 0 or cfg.kl_target <= 0:
+        raise UserError("--kl_coef must be >= 0 and --kl_target > 0")
+
+
+def load_models(cfg: Config, device):
+    sft_path, rm_path = os.path.join(cfg.sft_dir, "ckpt.pt"), os.path.join(cfg.rm_dir, "ckpt.pt")
+    sft = load_checkpoint(sft_path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+    rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "run train_rm.py first or pass --rm_dir")
+    tokenizer = tokenizer_from_state(sft["tokenizer"])
+    if not same_tokenizer(tokenizer, tokenizer_from_state(rm_ckpt["tokenizer"])):
+        raise UserError(f"the reward model in {rm_path} uses another tokenizer than the SFT model "
+                        f"in {sft_path}; train the RM from this SFT checkpoint (--sft_dir)")
+    if not rm_ckpt.get("normalised"):
+        print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
+
+    def gpt_from_sft():
+        m = GPT(GPTConfig(**sft["model_config"]))
+        load_state_dict_checked(m, sft["model"], sft_path)
+        m.set_dropout(0.0)  # dropout off in RL, so the first ratio is exactly 1
+        return m.to(device)
+
+    actor, ref = gpt_from_sft(), gpt_from_sft().eval().requires_grad_(False)
+    rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
+    load_state_dict_checked(rm, rm_ckpt["model"], rm_path)
+    rm.gpt.set_dropout(0.0)
+    rm = rm.to(device).eval().requires_grad_(False)
+    critic = value_head = None
+    if cfg.critic == "separate":
+        critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
+        critic.load_trunk_and_head(rm_ckpt["model"], rm_path)
+        critic.gpt.set_dropout(0.0)
+        critic.to(device)
+    else:
+        # the actor's trunk is not the RM's, so the RM's head means nothing on it: start at 0
+        value_head = torch.nn.Linear(actor.config.n_embd, 1).to(device)
+        torch.nn.init.zeros_(value_head.weight)
+        torch.nn.init.zeros_(value_head.bias)
+    return tokenizer, actor, ref, rm, critic, value_head
+
+
+def response_texts(tokenizer, exp) -> list[str]:
+    T = exp.prompt_len
+    return [tokenizer.decode([t for t, a in zip(seq[T:], act) if a])
+            for seq, act in zip(exp.sequences.tolist(), exp.action_mask.tolist())]
+
+
+def prompt_texts(tokenizer, exp) -> list[str]:
+    T = exp.prompt_len
+    return [tokenizer.decode([t for t, m in zip(seq[:T], mask[:T]) if m])
+            for seq, mask in zip(exp.sequences.tolist(), exp.attention_mask.tolist())]
+
+
+def main(cfg: Config) -> dict:
+    # ---- config, device, seed
+    check_config(cfg)
+    device = pick_device(cfg.device)
+    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    seed_everything(cfg.seed)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
+                              "run without --resume to start anew") if cfg.resume else None
+
+    # ---- models
+    tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device)
+
+    # ---- data: prompts to roll out on, held-out prompts, demonstrations for ptx
+    task = None if cfg.prompts else get_task(cfg.task, seed=cfg.seed)
+    if task is not None:
+        train_prompts, eval_prompts = task.prompts("train"), task.prompts("eval")
+    else:
+        train_prompts = load_prompts_jsonl(cfg.prompts)
+        eval_prompts = train_prompts[:cfg.eval_prompts]
+    eval_prompts = eval_prompts[:cfg.eval_prompts]
+    ptx_data = None
+    if cfg.ptx_coef > 0:
+        demos = load_sft_jsonl(cfg.ptx_data) if cfg.ptx_data else (task.sft_examples("train") if task else None)
+        if demos is None:
+            raise UserError("--ptx_coef > 0 needs demonstrations: pass --ptx_data demos.jsonl, "
+                            "or --ptx_coef 0")
+        ptx_data = SFTData(tokenizer, demos, actor.config.block_size)
+    max_prompt = actor.config.block_size - cfg.max_new_tokens
+    if max_prompt <= 0:
+        raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt in "
+                        f"block_size {actor.config.block_size}")
+    encoded_prompts = [encode_prompt(tokenizer, p, max_prompt) for p in train_prompts]
+
+    # ---- trainer (optimizers, KL controller)
+    kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+              else FixedKLController(cfg.kl_coef))
+
+    def reward_fn(sequences, attention_mask, action_mask):
+        return rm(sequences, attention_mask)  # normalised score at the last real token
+
+    trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
+                         eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
+                         ptx_data=ptx_data)
+    prompt_gen = torch.Generator().manual_seed(cfg.seed)            # which prompts
+    rollout_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # sampling, shuffling
+    step = 0
+    if resumed:
+        load_state_dict_checked(actor, resumed["actor"], ckpt_path)
+        if critic is not None:
+            load_state_dict_checked(critic, resumed["critic"], ckpt_path)
+        else:
+            load_state_dict_checked(value_head, resumed["value_head"], ckpt_path)
+        trainer.actor_opt.load_state_dict(resumed["actor_opt"])
+        if trainer.critic_opt is not None:
+            trainer.critic_opt.load_state_dict(resumed["critic_opt"])
+        kl_ctl.value = resumed["kl_coef"]
+        prompt_gen.set_state(resumed["prompt_rng"])
+        rollout_gen.set_state(resumed["rollout_rng"])
+        set_rng_state(resumed["rng"])
+        step = resumed["step"]
+    log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
+                     time_offset=resumed["time"] if resumed else 0.0)
+    print(f"actor {actor.num_params() / 1e6:.2f}M params, critic {cfg.critic}, "
+          f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts, device {device}")
+
+    def save(step: int):
+        save_checkpoint(ckpt_path, {
+            "stage": "ppo", "actor": actor.state_dict(), "model": actor.state_dict(),
+            "model_config": asdict(actor.config), "tokenizer": tokenizer.state_dict(),
+            "critic": critic.state_dict() if critic is not None else None,
+            "value_head": value_head.state_dict() if value_head is not None else None,
+            "actor_opt": trainer.actor_opt.state_dict(),
+            "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
+            "kl_coef": kl_ctl.value, "step": step, "rng": rng_state(),
+            "prompt_rng": prompt_gen.get_state(), "rollout_rng": rollout_gen.get_state(),
+            "time": log.elapsed(), "config": asdict(cfg)})
+
+    def batch_of_prompts(indices):
+        ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
+        return ids.to(device), mask.to(device)
+
+    @torch.no_grad()
+    def evaluate(step: int) -> dict:
+        """Held-out prompts, sampled as in training, scored by RM, KL and (if any) gold."""
+        gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
+        rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
+        figures, responses, prompts = {"rm_score": 0.0, "kl": 0.0}, [], []
+        for i in range(0, len(rows), cfg.rollout_batch_size):
+            ids, mask = left_pad(rows[i:i + cfg.rollout_batch_size], tokenizer.pad_id)
+            with ctx:
+                exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen)
+            n = len(exp.scores)
+            figures["rm_score"] += stats["rm_score"] * n
+            figures["kl"] += stats["kl"] * n
+            responses += response_texts(tokenizer, exp)
+            prompts += eval_prompts[i:i + n]
+        figures = {k: v / len(rows) for k, v in figures.items()}
+        figures["distinct2"] = distinct_n(responses, 2)
+        if task is not None:
+            figures["gold"] = sum(task.gold_reward(p, r) for p, r in zip(prompts, responses)) / len(rows)
+            figures["well_formed"] = sum(task.well_formed(p, r) for p, r in zip(prompts, responses)) / len(rows)
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        for p, r in list(zip(prompts, responses))[:3]:
+            tqdm.write(f"  [{p}] {r}")
+        return figures
+
+    # ---- loop
+    if step == 0:
+        evaluate(0)
+    bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="ppo",
+               dynamic_ncols=True)
+    for step in bar:
+        # linear decay of both learning rates to 0 over the run
+        set_lr(trainer.actor_opt, lr_at(step, cfg.max_iters, cfg.actor_lr, 0, "linear"))
+        if trainer.critic_opt is not None:
+            set_lr(trainer.critic_opt, lr_at(step, cfg.max_iters, cfg.critic_lr, 0, "linear"))
+        batches = [batch_of_prompts(torch.randint(len(encoded_prompts), (cfg.rollout_batch_size,),
+                                                  generator=prompt_gen).tolist())
+                   for _ in range(cfg.rollouts_per_update)]
+        with ctx:
+            experiences, stats = trainer.step(batches, rollout_gen)
+        if task is not None:
+            golds = [task.gold_reward(p, r) for e in experiences
+                     for p, r in zip(prompt_texts(tokenizer, e), response_texts(tokenizer, e))]
+            stats["gold"] = sum(golds) / len(golds)
+        log.log(step + 1, **stats)
+        bar.set_postfix(rm=f"{stats['rm_score']:.2f}", gold=f"{stats.get('gold', 0):.2f}",
+                        kl=f"{stats['kl']:.2f}")
+        if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
+            evaluate(step + 1)
+            save(step + 1)
+    bar.close()
+
+    final = evaluate(cfg.max_iters)
+    save(cfg.max_iters)
+    summary = log.log(cfg.max_iters, final=True, **final)
+    print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    return summary
+
+
+if __name__ == "__main__":
+    run(main, Config)
