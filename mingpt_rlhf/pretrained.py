@@ -144,7 +144,7 @@ def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None)
     wte, wpe = tensors.get("transformer.wte.weight"), tensors.get("transformer.wpe.weight")
     if wte is None or wpe is None:
         raise UserError(f"{path}: no wte.weight / wpe.weight; is this a GPT-2 checkpoint?")
-    layers = {int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h.")}
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     n_layer, n_embd = len(layers), wte.shape[1]
     if layers != set(range(n_layer)):
         raise UserError(f"{path}: blocks {sorted(set(range(max(layers) + 1)) - layers)} are "
@@ -153,8 +153,9 @@ def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None)
     if n_head is None:
         raise UserError(f"{path}: cannot tell the number of heads of a {n_layer}-layer, "
                         f"{n_embd}-wide GPT-2; put a config.json with \"n_head\" next to it")
-    if n_embd % n_head:
-        raise UserError(f"{path}: n_head {n_head} does not divide n_embd {n_embd}; fix config.json")
+    if not isinstance(n_head, int) or n_head < 1 or n_embd % n_head:
+        raise UserError(f"{path}: n_head {n_head!r} does not divide n_embd {n_embd}; "
+                        "fix config.json")
     # model.py implements exactly GPT-2's block; a variant would load but compute other logits
     act = hparams.get("activation_function", "gelu_new")
     eps = hparams.get("layer_norm_epsilon", 1e-5)
@@ -186,8 +187,8 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
         folder = resolve_pretrained(name_or_path)
         weights = os.path.join(folder, "model.safetensors")
         if not os.path.isfile(weights):
-            raise UserError(f"no model.safetensors in {folder}; put GPT-2 weights in safetensors "
-                            "format there (we do not read pytorch_model.bin)")
+            raise UserError(f"no model.safetensors in {folder}; put GPT-2 weights there as one "
+                            "safetensors file (sharded files and pytorch_model.bin are not read)")
     hparams = {}
     if os.path.isfile(os.path.join(folder, "config.json")):
         try:
@@ -195,19 +196,26 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
                 hparams = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{folder}/config.json is not valid JSON ({e}); fix or delete it") from None
+        if not isinstance(hparams, dict):
+            raise UserError(f"{folder}/config.json must be a JSON object; fix or delete it")
     tensors, source = gpt2_to_ours(read_safetensors(weights), weights)
     config = gpt2_config(tensors, hparams, weights, vocab_size)
-    model = GPT(config)
-    params = dict(model.named_parameters(remove_duplicate=False))
+    # Skip the random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
+    # every parameter is overwritten below. On the "meta" device modules get shapes but no
+    # memory; to_empty() then allocates it, uninitialised, and unties shared parameters.
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device="cpu")
+    model.lm_head.weight = model.transformer.wte.weight
+    assert not list(model.buffers()), "GPT has buffers: to_empty() leaves them uninitialised"
+    params = dict(model.named_parameters())  # lm_head.weight is wte's, listed once as wte
     for ours in tensors:
         if ours not in params:
             raise UserError(f"{weights}: tensor {source[ours]!r} has no place in our GPT; "
                             "is this a GPT-2 checkpoint?")
     with torch.no_grad():
         for name, p in params.items():
-            if name == "lm_head.weight" and p is params["transformer.wte.weight"]:
-                continue  # tied: filled through wte
-            src = tensors.get("transformer.wte.weight" if name == "lm_head.weight" else name)
+            src = tensors.get(name)
             if src is None:
                 raise UserError(f"{weights}: no tensor for {name[len('transformer.'):]}; "
                                 f"the checkpoint is incomplete; {REFETCH}")

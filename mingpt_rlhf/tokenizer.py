@@ -59,13 +59,15 @@ class WordTokenizer:
         return {"type": "word", "words": self.itos[3:]}
 
 
+from .bpe import BPETokenizer  # noqa: E402  (GPT-2's tokenizer, same interface)
+
+
 def tokenizer_from_state(state: dict):
     """Rebuild a tokenizer saved with `tokenizer.state_dict()` (e.g. from a checkpoint)."""
     kind = state.get("type")
     if kind == "word":
         return WordTokenizer(state["words"])
     if kind == "bpe":
-        from .bpe import BPETokenizer
         return BPETokenizer.from_state(state)
     raise UserError(f"unknown tokenizer type {kind!r} in checkpoint; was it written by mingpt_rlhf?")
 
