@@ -45,13 +45,13 @@ class Config:
     block_size: int = opt(64, "longest prompt + response in tokens (new model only)")
     dropout: float = opt(0.0, "dropout probability while training")
     batch_size: int = opt(64, "sequences per optimizer step")
-    max_iters: int = opt(1500, "optimizer steps")
+    max_iters: int = opt(800, "optimizer steps")
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
-    warmup_iters: int = opt(100, "linear warm-up steps, then cosine decay to lr/10")
+    warmup_iters: int = opt(50, "linear warm-up steps, then cosine decay to lr/10")
     weight_decay: float = opt(0.1, "AdamW weight decay on matrices")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
     loss_on_prompt: bool = opt(False, "also train on prompt tokens (default: response only)")
-    eval_interval: int = opt(250, "steps between evaluations and checkpoints")
+    eval_interval: int = opt(200, "steps between evaluations and checkpoints")
     eval_prompts: int = opt(200, "held-out prompts sampled at each eval (built-in task)")
     max_new_tokens: int = opt(32, "longest sampled response at eval")
     temperature: float = opt(1.0, "sampling temperature of the eval samples")
@@ -132,7 +132,12 @@ def main(cfg: Config) -> dict:
 
     # ---- model
     if resumed:
-        model = GPT(GPTConfig(**resumed["model_config"]))
+        # build from the flags (or, for GPT-2, the saved shape), so that resuming with other
+        # model options fails naming the tensor that does not fit
+        shape = resumed["model_config"] if cfg.init_from else dict(
+            vocab_size=tokenizer.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
+            n_head=cfg.n_head, n_embd=cfg.n_embd)
+        model = GPT(GPTConfig(**shape))
         load_state_dict_checked(model, resumed["model"], ckpt_path)
     elif cfg.init_from:
         model = GPT.from_pretrained(cfg.init_from, vocab_size=tokenizer.vocab_size)

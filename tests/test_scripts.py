@@ -1,0 +1,211 @@
+"""The three scripts at tiny size: smoke runs, exact resume after a kill, exit status 2."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train_ppo
+import train_rm
+import train_sft
+from mingpt_rlhf.heads import Critic, RewardModel
+from mingpt_rlhf.model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=48)
+
+
+def sft_cfg(out_dir, **kw):
+    return train_sft.Config(out_dir=str(out_dir), batch_size=16, max_iters=20, eval_interval=10,
+                            eval_prompts=16, warmup_iters=2, **{**TINY, **kw})
+
+
+def rm_cfg(out_dir, sft_dir, **kw):
+    return train_rm.Config(out_dir=str(out_dir), sft_dir=str(sft_dir), n_pairs=160, batch_size=16,
+                           eval_interval=5, norm_samples=32, **kw)
+
+
+def ppo_cfg(out_dir, sft_dir, rm_dir, **kw):
+    base = dict(out_dir=str(out_dir), sft_dir=str(sft_dir), rm_dir=str(rm_dir), max_iters=4,
+                rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, eval_interval=2,
+                eval_prompts=16, max_new_tokens=24)
+    return train_ppo.Config(**{**base, **kw})
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    """A tiny SFT and RM run shared by the tests of this module."""
+    root = tmp_path_factory.mktemp("pipeline")
+    sft = train_sft.main(sft_cfg(root / "sft"))
+    rm = train_rm.main(rm_cfg(root / "rm", root / "sft"))
+    return root, sft, rm
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after_first_save(monkeypatch, module):
+    """Make the script die right after it writes its first checkpoint, as a killed run would."""
+    real = module.save_checkpoint
+
+    def save_then_die(path, state):
+        real(path, state)
+        raise Killed()
+    monkeypatch.setattr(module, "save_checkpoint", save_then_die)
+
+
+def test_sft_smoke_writes_a_loadable_checkpoint_and_metrics(stages):
+    root, summary, _ = stages
+    ckpt = torch.load(root / "sft" / "ckpt.pt", weights_only=False)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    lines = read_metrics(root / "sft")
+    assert all("step" in e and "time" in e for e in lines)
+    assert any(e.get("split") == "eval" for e in lines)
+    assert lines[-1]["final"] and {"eval_loss", "well_formed", "gold"} <= set(lines[-1])
+    assert summary == lines[-1]
+
+
+def test_sft_resume_continues_exactly(tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    train_sft.main(sft_cfg(straight))
+    killed = tmp_path / "killed"
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_sft)
+        with pytest.raises(Killed):
+            train_sft.main(sft_cfg(killed))
+    assert torch.load(killed / "ckpt.pt", weights_only=False)["step"] == 10
+    train_sft.main(sft_cfg(killed, resume=True))
+    a = torch.load(straight / "ckpt.pt", weights_only=False)["model"]
+    b = torch.load(killed / "ckpt.pt", weights_only=False)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    steps = [e["step"] for e in read_metrics(killed) if "loss" in e]
+    assert steps == sorted(set(steps))  # no step logged twice after the resume
+
+
+def test_rm_checkpoint_loads_into_reward_model_and_critic(stages):
+    root, _, summary = stages
+    assert {"eval_acc", "eval_gold_acc", "eval_gold_corr", "norm_gain"} <= set(summary)
+    ckpt = torch.load(root / "rm" / "ckpt.pt", weights_only=False)
+    rm = RewardModel(GPTConfig(**ckpt["model_config"]))
+    rm.load_state_dict(ckpt["model"])
+    assert rm.gain.item() != 1.0  # normalisation was stored
+    critic = Critic(GPTConfig(**ckpt["model_config"]))
+    critic.load_trunk_and_head(ckpt["model"])
+    torch.testing.assert_close(critic.head.weight, rm.head.weight)
+    assert ckpt["sft"]["step"] == 20
+
+
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_ppo_smoke_with_both_critics(stages, tmp_path, critic):
+    root, _, _ = stages
+    summary = train_ppo.main(ppo_cfg(tmp_path, root / "sft", root / "rm", critic=critic))
+    lines = read_metrics(tmp_path)
+    train_lines = [e for e in lines if "pg_loss" in e]
+    assert len(train_lines) == 4
+    for key in ["rm_score", "gold", "kl", "kl_coef", "entropy", "pg_loss", "vf_loss", "ptx_loss",
+                "clipfrac", "approx_kl", "explained_var", "resp_len", "eos_rate", "t_generate",
+                "t_score", "t_learn"]:
+        assert key in train_lines[0], key
+    assert summary["final"] and {"gold", "rm_score", "well_formed", "kl", "distinct2"} <= set(summary)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert (ckpt["critic"] is None) == (critic == "shared")
+
+
+def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch):
+    root, _, _ = stages
+    train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm"))
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_ppo)
+        with pytest.raises(Killed):
+            train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm"))
+    train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert a["kl_coef"] == b["kl_coef"]
+    for part in ["actor", "critic"]:
+        for k in a[part]:
+            torch.testing.assert_close(a[part][k], b[part][k], rtol=0, atol=1e-6)
+    assert read_metrics(tmp_path / "straight")[-1] == {
+        **read_metrics(tmp_path / "killed")[-1], "time": read_metrics(tmp_path / "straight")[-1]["time"]}
+
+
+def test_ppo_refuses_a_reward_model_with_another_tokenizer(stages, tmp_path):
+    root, _, _ = stages
+    ckpt = torch.load(root / "rm" / "ckpt.pt", weights_only=False)
+    ckpt["tokenizer"] = {"type": "word", "words": ["other", "words"]}
+    os.makedirs(tmp_path / "rm")
+    torch.save(ckpt, tmp_path / "rm" / "ckpt.pt")
+    from mingpt_rlhf.errors import UserError
+    with pytest.raises(UserError, match="another tokenizer"):
+        train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", tmp_path / "rm"))
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def one_line_error(result, *needles):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_malformed_jsonl_line_exits_2_naming_file_and_line(tmp_path):
+    bad = tmp_path / "demos.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"text": "fine"}\n{"prompt": "a", "resp\n')
+    one_line_error(run_script("train_sft.py", "--data", str(bad), "--out_dir", str(tmp_path)),
+                   f"{bad}:3")
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a"}\n')
+    one_line_error(run_script("train_sft.py", "--data", str(bad), "--out_dir", str(tmp_path)),
+                   f"{bad}:2", "response")
+
+
+def test_malformed_preference_line_exits_2(stages, tmp_path):
+    root, _, _ = stages
+    bad = tmp_path / "prefs.jsonl"
+    bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": 3}\n')
+    one_line_error(run_script("train_rm.py", "--data", str(bad), "--sft_dir", str(root / "sft"),
+                              "--out_dir", str(tmp_path)), f"{bad}:2", "rejected")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train_ppo.py", "--top_k", "-3"], "--top_k"),
+    (["train_ppo.py", "--critic", "both"], "--critic"),
+    (["train_sft.py", "--max_iters", "ten"], "--max_iters"),
+    (["train_sft.py", "--no_such_option", "1"], "no_such_option"),
+    (["train_rm.py", "--sft_dir", "/nonexistent"], "/nonexistent"),
+])
+def test_bad_options_exit_2_with_one_line(args, needle):
+    one_line_error(run_script(*args), needle)
+
+
+def test_checkpoint_of_another_shape_is_refused(stages, tmp_path):
+    root, _, _ = stages
+    import shutil
+    shutil.copytree(root / "sft", tmp_path / "sft")
+    one_line_error(run_script("train_sft.py", "--out_dir", str(tmp_path / "sft"), "--resume",
+                              "--n_layer", "2", "--max_iters", "20"), "n_layer")
+
+
+@pytest.mark.parametrize("script", ["train_sft.py", "train_rm.py", "train_ppo.py"])
+def test_help_lists_every_option(script):
+    result = run_script(script, "--help")
+    assert result.returncode == 0
+    module = {"train_sft.py": train_sft, "train_rm.py": train_rm, "train_ppo.py": train_ppo}[script]
+    import dataclasses
+    for f in dataclasses.fields(module.Config):
+        assert f"--{f.name}" in result.stdout
+    assert "default:" in result.stdout
