@@ -18,20 +18,21 @@ t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, d
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
-                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
+                                    rng_state, save_checkpoint, set_rng_state)
 from mingpt_rlhf.cli import opt, run
 from mingpt_rlhf.data import SFTData, encode_prompt, left_pad, load_prompts_jsonl, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n
 from mingpt_rlhf.heads import Critic, RewardModel
-from mingpt_rlhf.model import GPT, GPTConfig
+from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
 from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
@@ -44,6 +45,7 @@ from mingpt_rlhf.tokenizer import same_tokenizer, tokenizer_from_state
 class Config:
     out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl")
     sft_dir: str = opt("out/sft", "SFT output folder: actor and reference start from it")
+    init_from: str = opt("", "actor and reference from GPT-2 weights instead of --sft_dir")
     rm_dir: str = opt("out/rm", "reward model output folder: reward and critic start from it")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
     prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts")
@@ -102,23 +104,19 @@ def check_config(cfg: Config):
 
 
 def load_models(cfg: Config, device):
-    sft_path, rm_path = os.path.join(cfg.sft_dir, "ckpt.pt"), os.path.join(cfg.rm_dir, "ckpt.pt")
-    sft = load_checkpoint(sft_path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+    rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
     rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "run train_rm.py first or pass --rm_dir")
-    tokenizer = tokenizer_from_state(sft["tokenizer"])
+    policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
     if not same_tokenizer(tokenizer, tokenizer_from_state(rm_ckpt["tokenizer"])):
-        raise UserError(f"the reward model in {rm_path} uses another tokenizer than the SFT model "
-                        f"in {sft_path}; train the RM from this SFT checkpoint (--sft_dir)")
+        source = cfg.init_from or cfg.sft_dir
+        raise UserError(f"the reward model in {rm_path} uses another tokenizer than the policy "
+                        f"from {source}; train the RM from the same SFT checkpoint (--sft_dir)")
     if not rm_ckpt.get("normalised"):
         print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
 
-    def gpt_from_sft():
-        m = GPT(GPTConfig(**sft["model_config"]))
-        load_state_dict_checked(m, sft["model"], sft_path)
-        m.set_dropout(0.0)  # dropout off in RL, so the first ratio is exactly 1
-        return m.to(device)
-
-    actor, ref = gpt_from_sft(), gpt_from_sft().eval().requires_grad_(False)
+    # dropout is off in every model (load_policy and below), so the first ratio is exactly 1
+    actor = policy.to(device)
+    ref = copy.deepcopy(actor).requires_grad_(False)
     rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
     load_state_dict_checked(rm, rm_ckpt["model"], rm_path)
     rm.gpt.set_dropout(0.0)

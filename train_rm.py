@@ -23,29 +23,28 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
-                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
+                                    rng_state, save_checkpoint, set_rng_state)
 from mingpt_rlhf.cli import opt, run
 from mingpt_rlhf.data import (encode_example, encode_prompt, left_pad, load_preference_jsonl,
                               right_pad)
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
-from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.sampling import generate
 from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
                                  seed_everything, set_lr)
 from mingpt_rlhf.tasks import gold_agreement, get_task
-from mingpt_rlhf.tokenizer import tokenizer_from_state
 
 
 @dataclass
 class Config:
     out_dir: str = opt("out/rm", "folder for ckpt.pt and metrics.jsonl")
     sft_dir: str = opt("out/sft", "SFT output folder: the trunk and tokenizer start from it")
+    init_from: str = opt("", "start the trunk from GPT-2 weights instead (a name or a folder)")
     task: str = opt("reviews", "built-in task giving preference pairs and a gold reward")
     data: str = opt("", "JSONL of {prompt, chosen, rejected} lines; replaces the task's pairs")
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
-    n_pairs: int = opt(8000, "built-in task: number of training pairs the labeller makes")
+    n_pairs: int = opt(24000, "built-in task: number of training pairs the labeller makes")
     epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
     batch_size: int = opt(32, "pairs per optimizer step")
     lr: float = opt(3e-4, "peak learning rate (AdamW), decayed linearly to 0")
@@ -129,12 +128,9 @@ def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, ba
 
 
 @torch.no_grad()
-def sft_sample_scores(sft: dict, model, tokenizer, prompts, cfg, device, ctx, batch_size=64):
+def sft_sample_scores(policy, model, tokenizer, prompts, cfg, device, ctx, batch_size=64):
     """Raw RM scores (N,) of responses sampled from the SFT policy, scored as PPO scores them:
     the generated token ids, read at the last real token."""
-    policy = GPT(GPTConfig(**sft["model_config"]))
-    policy.load_state_dict(sft["model"])
-    policy.to(device).eval()
     model.eval()
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     max_prompt = policy.config.block_size - cfg.max_new_tokens
@@ -159,13 +155,11 @@ def main(cfg: Config) -> dict:
     ctx = autocast(device, resolve_dtype(cfg.dtype, device))
     seed_everything(cfg.seed)
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    sft_path = os.path.join(cfg.sft_dir, "ckpt.pt")
-    sft = load_checkpoint(sft_path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+    policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
     resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
                               "run without --resume to start anew") if cfg.resume else None
 
     # ---- data
-    tokenizer = tokenizer_from_state(sft["tokenizer"])
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
     if task is not None:
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
@@ -180,11 +174,11 @@ def main(cfg: Config) -> dict:
             train_pairs = [train_pairs[i] for i in order[n_eval:]] or eval_pairs
 
     # ---- model: the SFT trunk + a fresh head (or everything from the checkpoint on resume)
-    model = RewardModel(GPTConfig(**sft["model_config"]))
+    model = RewardModel(policy.config)
     if resumed:
         load_state_dict_checked(model, resumed["model"], ckpt_path)
     else:
-        load_state_dict_checked(model.gpt, sft["model"], sft_path)
+        model.gpt.load_state_dict(policy.state_dict())
     model.gpt.set_dropout(cfg.dropout)
     model.to(device)
     block = model.config.block_size
@@ -219,7 +213,7 @@ def main(cfg: Config) -> dict:
             "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
             "step": step, "rng": rng_state(), "time": log.elapsed(), "config": asdict(cfg),
             "normalised": normalised,
-            "sft": {"path": os.path.abspath(sft_path), "step": sft["step"]}})
+            "sft": origin})
 
     def run_eval(step: int) -> dict:
         figures = evaluate(model, eval_data, task, eval_pairs, tokenizer, device, ctx, 2 * cfg.batch_size)
@@ -260,7 +254,7 @@ def main(cfg: Config) -> dict:
     # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
     if cfg.norm_samples > 0:
         prompts = (task.prompts("train") if task else [p.prompt for p in train_pairs])[:cfg.norm_samples]
-        raw = sft_sample_scores(sft, model, tokenizer, prompts, cfg, device, ctx)
+        raw = sft_sample_scores(policy.to(device), model, tokenizer, prompts, cfg, device, ctx)
         model.set_normalisation(raw)
         final.update(norm_gain=model.gain.item(), norm_bias=model.bias.item())
         print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "

@@ -71,3 +71,26 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_policy(sft_dir: str, init_from: str = ""):
+    """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
+    or GPT-2 weights when `init_from` names a model or folder (skipping SFT).
+
+    Returns (GPT in eval mode with dropout off, tokenizer, origin), where origin records where
+    the weights came from (saved in the next checkpoint)."""
+    from .model import GPT, GPTConfig
+    from .tokenizer import BPETokenizer, tokenizer_from_state
+    if init_from:
+        tokenizer = BPETokenizer.from_pretrained(init_from)
+        model = GPT.from_pretrained(init_from, vocab_size=tokenizer.vocab_size)
+        origin = {"init_from": init_from}
+    else:
+        path = os.path.join(sft_dir, "ckpt.pt")
+        sft = load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+        tokenizer = tokenizer_from_state(sft["tokenizer"])
+        model = GPT(GPTConfig(**sft["model_config"]))
+        load_state_dict_checked(model, sft["model"], path)
+        origin = {"path": os.path.abspath(path), "step": sft["step"]}
+    model.set_dropout(0.0)
+    return model.eval(), tokenizer, origin

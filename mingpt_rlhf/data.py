@@ -3,8 +3,9 @@
 File formats (one JSON object per line; blank lines are skipped):
 - SFT demonstrations (`train_sft.py --data`): {"prompt": ..., "response": ...}, or {"text": ...}
   alone (then every token is trained on).
-- Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...},
-  the format of Anthropic HH (prompt may be "") and trl.
+- Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
+  (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both hold
+  the whole dialogue).
 - Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
 A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
 
@@ -63,8 +64,10 @@ def load_sft_jsonl(path: str) -> list[tuple[str, str]]:
 
 def load_preference_jsonl(path: str):
     from .tasks import PreferencePair
-    rows = read_jsonl(path, [["prompt", "chosen", "rejected"]], "preference data")
-    return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) for _, o in rows]
+    # raw Anthropic HH lines have no "prompt": the dialogue is inside chosen and rejected
+    rows = read_jsonl(path, [["prompt", "chosen", "rejected"], ["chosen", "rejected"]],
+                      "preference data")
+    return [PreferencePair(o.get("prompt", ""), o["chosen"], o["rejected"]) for _, o in rows]
 
 
 def load_prompts_jsonl(path: str) -> list[str]:

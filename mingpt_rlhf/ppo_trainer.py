@@ -33,7 +33,7 @@ from .sampling import generate
 
 class PPOTrainer:
     def __init__(self, cfg, actor, ref, reward_fn, critic=None, value_head=None,
-                 eos_id: int = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None):
+                 eos_id: int | None = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None):
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
         `value_head` (shared, a Linear(n_embd, 1) on the actor's trunk), not both.
         `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores."""
@@ -88,7 +88,10 @@ class PPOTrainer:
 
         raw = self.reward_fn(seqs, attn, action_mask).float()
         scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
-        ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
+        if self.eos_id is None:  # a task without EOS: every response is complete
+            ended = torch.ones_like(scores, dtype=torch.bool)
+        else:
+            ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
         # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
         # opinion of a half-written text
         scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
