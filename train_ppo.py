@@ -151,7 +151,7 @@ def main(cfg: Config) -> dict:
     # ---- config, device, seed
     check_config(cfg)
     device = pick_device(cfg.device)
-    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    dtype = resolve_dtype(cfg.dtype, device)
     seed_everything(cfg.seed)
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
@@ -190,7 +190,7 @@ def main(cfg: Config) -> dict:
 
     trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
-                         ptx_data=ptx_data)
+                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype))
     prompt_gen = torch.Generator().manual_seed(cfg.seed)            # which prompts
     rollout_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # sampling, shuffling
     step = 0
@@ -237,8 +237,7 @@ def main(cfg: Config) -> dict:
         figures, responses, prompts = {"rm_score": 0.0, "kl": 0.0}, [], []
         for i in range(0, len(rows), cfg.rollout_batch_size):
             ids, mask = left_pad(rows[i:i + cfg.rollout_batch_size], tokenizer.pad_id)
-            with ctx:
-                exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen)
+            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen)
             n = len(exp.scores)
             figures["rm_score"] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
@@ -268,8 +267,7 @@ def main(cfg: Config) -> dict:
         batches = [batch_of_prompts(torch.randint(len(encoded_prompts), (cfg.rollout_batch_size,),
                                                   generator=prompt_gen).tolist())
                    for _ in range(cfg.rollouts_per_update)]
-        with ctx:
-            experiences, stats = trainer.step(batches, rollout_gen)
+        experiences, stats = trainer.step(batches, rollout_gen)
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
                      for p, r in zip(prompt_texts(tokenizer, e), response_texts(tokenizer, e))]

@@ -198,7 +198,7 @@ def main(cfg: Config) -> dict:
     # ---- optimizer
     optimizer = torch.optim.AdamW(model.gpt.optim_groups(cfg.weight_decay)
                                   + [{"params": list(model.head.parameters()), "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=(0.9, 0.95))
+                                  lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])

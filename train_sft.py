@@ -158,7 +158,7 @@ def main(cfg: Config) -> dict:
 
     # ---- optimizer
     optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.lr,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+                                  betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
     batch_gen = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if resumed:

@@ -1,0 +1,88 @@
+"""Seconds per PPO iteration at a fixed configuration, split into generate / score / learn.
+
+The configuration (from the PPO issue): a random-init GPT with vocab 64, n_layer 4, n_head 4,
+n_embd 128, block 256, dropout 0; 64 prompts of 16 random tokens; responses of exactly 32
+sampled tokens (no EOS, temperature 1, no top-k / top-p); reward = the fraction of response
+tokens equal to token 5; 4 PPO epochs x 4 minibatches of 16. No ptx loss (there are no
+demonstrations for a random model).
+
+    python bench/ppo_speed.py                       # --critic shared (the fixed config)
+    python bench/ppo_speed.py --critic separate
+    python bench/ppo_speed.py --dtype bfloat16      # bf16 autocast on the CPU
+
+Prints one JSON line (median seconds per iteration after a warm-up, and the median of each
+phase) and writes it to bench/results/ppo_speed_<critic>_<dtype>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mingpt_rlhf.heads import Critic  # noqa: E402
+from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
+from mingpt_rlhf.ppo import FixedKLController  # noqa: E402
+from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
+from mingpt_rlhf.runtime import DTYPES, autocast  # noqa: E402
+from train_ppo import Config  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--critic", default="shared", choices=["shared", "separate"])
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--iters", type=int, default=10, help="measured iterations")
+    ap.add_argument("--warmup", type=int, default=2, help="iterations before measuring")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, block_size=256, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+    actor = GPT(config)
+    ref = copy.deepcopy(actor).eval().requires_grad_(False)
+    critic = value_head = None
+    if args.critic == "separate":
+        critic = Critic(config)
+    else:
+        value_head = torch.nn.Linear(config.n_embd, 1)
+    cfg = Config(critic=args.critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
+                 max_new_tokens=32, temperature=1.0, ptx_coef=0.0)
+
+    def reward_fn(sequences, attention_mask, action_mask):
+        responses = sequences[:, -action_mask.size(1):]
+        return ((responses == 5).float() * action_mask).sum(-1) / action_mask.sum(-1)
+
+    trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
+                         eos_id=None, pad_id=0, kl_ctl=FixedKLController(cfg.kl_coef),
+                         amp=lambda: autocast(torch.device("cpu"), DTYPES[args.dtype]))
+    g = torch.Generator().manual_seed(0)
+    times = []
+    for i in range(args.warmup + args.iters):
+        prompts = torch.randint(0, 64, (64, 16), generator=g)
+        t = time.time()
+        exps, stats = trainer.step([(prompts, torch.ones_like(prompts))], g)
+        total = time.time() - t
+        assert exps[0].action_mask.shape == (64, 32) and exps[0].action_mask.all()
+        if i >= args.warmup:
+            times.append({"sec_per_iter": total, "t_generate": stats["t_generate"],
+                          "t_score": stats["t_score"], "t_learn": stats["t_learn"]})
+    result = {k: round(statistics.median(t[k] for t in times), 4) for k in times[0]}
+    result.update(critic=args.critic, dtype=args.dtype, iters=args.iters,
+                  torch=torch.__version__, threads=torch.get_num_threads(),
+                  reward_last=round(stats["rm_score"], 4))
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "results", f"ppo_speed_{args.critic}_{args.dtype}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
