@@ -87,6 +87,25 @@ class Experience:
     def select(self, idx: torch.Tensor) -> "Experience":
         return Experience(*(getattr(self, f.name)[idx] for f in fields(self)))
 
+    def trimmed(self) -> "Experience":
+        """Drop the columns that are padding in every row: prompt pads on the left, response
+        pads on the right. A minibatch of short responses then costs what its tokens cost."""
+        real = self.attention_mask.any(0).nonzero()
+        left = int(real[0]) if len(real) else 0
+        acted = self.action_mask.any(0).nonzero()
+        n = int(acted[-1]) + 1 if len(acted) else self.action_mask.size(1)
+        end = self.prompt_len + n
+        parts = {}
+        for f in fields(self):
+            x = getattr(self, f.name)
+            if f.name in ("sequences", "attention_mask"):
+                parts[f.name] = x[:, left:end]
+            elif x.dim() == 2:
+                parts[f.name] = x[:, :n]
+            else:
+                parts[f.name] = x
+        return Experience(**parts)
+
 
 def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
     """Concatenate rollout batches whose prompt width T or response width N differ: prompts are
@@ -155,7 +174,7 @@ class ReplayBuffer:
             self.items = align_and_cat(self.batches, self.pad_id)
         order = torch.randperm(len(self), generator=generator).to(self.items.scores.device)
         for i in range(0, len(self), size):
-            yield self.items.select(order[i:i + size])
+            yield self.items.select(order[i:i + size]).trimmed()
 
     def clear(self) -> None:
         self.batches, self.items = [], None

@@ -174,3 +174,16 @@ def test_align_and_cat_keeps_responses_in_one_column():
     assert both.prompt_len == 5 and both.action_mask.shape == (4, 4)
     assert (both.sequences[:2, 5:] == 7).all() and (both.sequences[2:, 5:7] == 8).all()
     assert (both.attention_mask[:2, :2] == 0).all() and (both.action_mask[2:, 2:] == 0).all()
+
+
+def test_trimmed_drops_only_all_padding_columns():
+    a, b = _experience(2, 3, 4), _experience(2, 5, 2)
+    both = align_and_cat([a, b], pad_id=0)  # (4, 5 + 4): rows of b have 2 response pads
+    rows_b = both.select(torch.tensor([2, 3]))
+    t = rows_b.trimmed()
+    assert t.prompt_len == 5 and t.action_mask.shape == (2, 2)
+    assert torch.equal(t.sequences, b.sequences) and torch.equal(t.logprobs, b.logprobs)
+    rows_a = both.select(torch.tensor([0, 1])).trimmed()  # 2 prompt pad columns dropped
+    assert rows_a.prompt_len == 3 and torch.equal(rows_a.sequences, a.sequences)
+    full = both.trimmed()
+    assert torch.equal(full.sequences, both.sequences)
