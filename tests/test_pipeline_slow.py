@@ -1,0 +1,21 @@
+"""The full built-in pipeline at default options (~10 min on 2 cores): run with `pytest -m slow`.
+
+It checks the quality targets only; how long each stage takes is measured by
+bench/pipeline.py, never asserted in a test (shared machines are noisy).
+"""
+import pytest
+
+import train_ppo
+import train_rm
+import train_sft
+
+
+@pytest.mark.slow
+def test_default_pipeline_raises_the_gold_reward(tmp_path):
+    sft = train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft")))
+    assert sft["well_formed"] >= 0.95 and abs(sft["gold"]) < 0.3, sft
+    rm = train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm"), sft_dir=str(tmp_path / "sft")))
+    assert rm["eval_gold_acc"] >= 0.90, rm
+    ppo = train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "ppo"), sft_dir=str(tmp_path / "sft"),
+                                          rm_dir=str(tmp_path / "rm")))
+    assert ppo["gold"] >= 0.8 and ppo["well_formed"] >= 0.95, ppo
