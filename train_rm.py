@@ -86,8 +86,8 @@ class PairData:
 
 
 @torch.no_grad()
-def score_texts(model, tokenizer, prompts, responses, device, ctx, batch_size=128):
-    """Normalised RM scores (N,) of prompt + response + EOS texts."""
+def score_texts(model, tokenizer, prompts, responses, device, ctx, batch_size=128, normalise=True):
+    """RM scores (N,) of prompt + response + EOS texts."""
     block = model.config.block_size
     scores = []
     for i in range(0, len(prompts), batch_size):
@@ -95,7 +95,7 @@ def score_texts(model, tokenizer, prompts, responses, device, ctx, batch_size=12
                 for p, r in zip(prompts[i:i + batch_size], responses[i:i + batch_size])]
         ids, mask = right_pad(rows, tokenizer.pad_id)
         with ctx:
-            scores.append(model(ids.to(device), mask.to(device)).float().cpu())
+            scores.append(model(ids.to(device), mask.to(device), normalise).float().cpu())
     return torch.cat(scores)
 
 
@@ -253,8 +253,16 @@ def main(cfg: Config) -> dict:
 
     # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
     if cfg.norm_samples > 0:
-        prompts = (task.prompts("train") if task else [p.prompt for p in train_pairs])[:cfg.norm_samples]
-        raw = sft_sample_scores(policy.to(device), model, tokenizer, prompts, cfg, device, ctx)
+        prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt]
+        if prompts:
+            raw = sft_sample_scores(policy.to(device), model, tokenizer,
+                                    prompts[:cfg.norm_samples], cfg, device, ctx)
+        else:
+            print("note: the pairs have no prompts to sample from; normalising on the scores "
+                  "of their own chosen and rejected texts instead")
+            texts = [(p.prompt, side) for p in train_pairs[:cfg.norm_samples] for side in (p.chosen, p.rejected)]
+            model.eval()
+            raw = score_texts(model, tokenizer, *zip(*texts), device, ctx, normalise=False)
         model.set_normalisation(raw)
         final.update(norm_gain=model.gain.item(), norm_bias=model.bias.item())
         print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "

@@ -64,10 +64,23 @@ def load_sft_jsonl(path: str) -> list[tuple[str, str]]:
 
 def load_preference_jsonl(path: str):
     from .tasks import PreferencePair
-    # raw Anthropic HH lines have no "prompt": the dialogue is inside chosen and rejected
     rows = read_jsonl(path, [["prompt", "chosen", "rejected"], ["chosen", "rejected"]],
                       "preference data")
-    return [PreferencePair(o.get("prompt", ""), o["chosen"], o["rejected"]) for _, o in rows]
+    return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) if "prompt" in o
+            else split_dialogue_pair(o["chosen"], o["rejected"]) for _, o in rows]
+
+
+def split_dialogue_pair(chosen: str, rejected: str, marker: str = "Assistant:"):
+    """A raw Anthropic HH pair holds the whole dialogue on both sides. The prompt is their
+    shared beginning up to the last "Assistant:" in it; the responses are the rest. Without
+    that marker the prompt is empty and the whole texts are compared."""
+    from .tasks import PreferencePair
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    cut = chosen[:n].rfind(marker)
+    cut = cut + len(marker) if cut >= 0 else 0
+    return PreferencePair(chosen[:cut], chosen[cut:], rejected[cut:])
 
 
 def load_prompts_jsonl(path: str) -> list[str]:
