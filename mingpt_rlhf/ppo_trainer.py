@@ -57,6 +57,7 @@ class PPOTrainer:
         self.critic_opt = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, **adam)
                            if critic is not None else None)
         self.buffer = ReplayBuffer(pad_id)
+        self.skipped_updates = 0  # updates skipped for a non-finite loss (should stay 0)
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int):
@@ -177,10 +178,16 @@ class PPOTrainer:
                 break  # the policy moved far enough from the one that sampled: stop early
         self.buffer.clear()
         stats = {k: v / n for k, v in totals.items()}
-        stats.update(ppo_epochs_done=epoch + 1, t_learn=time.time() - t0)
+        stats.update(ppo_epochs_done=epoch + 1, skipped_updates=self.skipped_updates,
+                     t_learn=time.time() - t0)
         return stats
 
     def _step(self, optimizer, loss):
+        if not torch.isfinite(loss):
+            # a runaway ratio or a degenerate batch: skip this update rather than write NaN
+            # into the weights, and count it so the log shows it happened
+            self.skipped_updates += 1
+            return
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for g in optimizer.param_groups for p in g["params"]]

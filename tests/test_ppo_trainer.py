@@ -143,3 +143,29 @@ def test_ppo_raises_a_trivial_reward():
         exps, stats = tr.step([(ids, mask)], g)
         rewards.append(stats["rm_score"])
     assert rewards[-1] > rewards[0] + 1.0, rewards
+
+
+def test_logprobs_are_those_of_the_tempered_distribution_that_sampled():
+    """Guard against "negative KL": stored log-probs use logits / temperature, as sampling does."""
+    tr = make_trainer(Cfg(temperature=0.7))
+    exp, _ = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    T = exp.prompt_len
+    with torch.no_grad():
+        logits = tr.actor(exp.sequences, exp.attention_mask)[:, T - 1:-1]
+    tempered = token_logprobs(logits / 0.7, exp.sequences[:, T:]) * exp.action_mask
+    plain = token_logprobs(logits, exp.sequences[:, T:]) * exp.action_mask
+    torch.testing.assert_close(exp.logprobs, tempered, atol=1e-5, rtol=0)
+    assert not torch.allclose(exp.logprobs, plain, atol=1e-3)
+    assert Cfg().top_k == 0 and Cfg().top_p == 1.0  # no filtering unless asked for
+
+
+def test_buffer_is_empty_after_each_update_and_nan_updates_are_skipped():
+    tr = make_trainer()
+    ids, mask = prompts()
+    g = torch.Generator().manual_seed(0)
+    tr.step([(ids, mask), (ids, mask)], g)
+    assert len(tr.buffer) == 0 and tr.buffer.items is None  # nothing carried over: no growth
+    before = [p.clone() for p in tr.actor.parameters()]
+    tr._step(tr.actor_opt, torch.tensor(float("nan"), requires_grad=True))
+    assert tr.skipped_updates == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))

@@ -105,6 +105,20 @@ def test_rm_checkpoint_loads_into_reward_model_and_critic(stages):
     assert ckpt["sft"]["step"] == 20
 
 
+def test_rm_resume_continues_exactly(stages, tmp_path, monkeypatch):
+    root, _, _ = stages
+    train_rm.main(rm_cfg(tmp_path / "straight", root / "sft"))
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_rm)
+        with pytest.raises(Killed):
+            train_rm.main(rm_cfg(tmp_path / "killed", root / "sft"))
+    train_rm.main(rm_cfg(tmp_path / "killed", root / "sft", resume=True))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)["model"]
+    for k in a:  # includes the normalisation gain and bias
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("critic", ["separate", "shared"])
 def test_ppo_smoke_with_both_critics(stages, tmp_path, critic):
     root, _, _ = stages
