@@ -208,6 +208,7 @@ def main(cfg: Config) -> dict:
         rollout_gen.set_state(resumed["rollout_rng"])
         set_rng_state(resumed["rng"])
         step = resumed["step"]
+    initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
     print(f"actor {actor.num_params() / 1e6:.2f}M params, critic {cfg.critic}, "
@@ -223,7 +224,7 @@ def main(cfg: Config) -> dict:
             "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
             "kl_coef": kl_ctl.value, "step": step, "rng": rng_state(),
             "prompt_rng": prompt_gen.get_state(), "rollout_rng": rollout_gen.get_state(),
-            "time": log.elapsed(), "config": asdict(cfg)})
+            "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
     def batch_of_prompts(indices):
         ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
@@ -256,7 +257,7 @@ def main(cfg: Config) -> dict:
 
     # ---- loop
     if step == 0:
-        evaluate(0)
+        initial = evaluate(0)
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="ppo",
                dynamic_ncols=True)
     for step in bar:
@@ -284,6 +285,11 @@ def main(cfg: Config) -> dict:
     save(cfg.max_iters)
     summary = log.log(cfg.max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    if initial:
+        print("on held-out prompts, from the SFT policy (step 0) to the PPO policy:")
+        for k in ["gold", "rm_score", "well_formed", "kl", "distinct2"]:
+            if k in final:
+                print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
     return summary
 
 
