@@ -44,23 +44,22 @@ class KVCache:
     """Pre-allocated keys and values of every layer, filled as generation proceeds.
 
     Writing into a fixed buffer (instead of `torch.cat` each step) keeps decoding at one small
-    copy per layer per token. `length` is how many positions are filled.
+    copy per layer per token: a layer's keys and values sit side by side in `kv`, so a single
+    copy stores both. `length` is how many positions are filled.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
         hs = config.n_embd // config.n_head
-        shape = (config.n_layer, batch_size, config.n_head, max_len, hs)  # (L, B, nh, S, hs)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        shape = (config.n_layer, 2, batch_size, config.n_head, max_len, hs)  # (L, 2, B, nh, S, hs)
+        self.kv = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store this step's (B, nh, T, hs) keys/values; return all keys/values so far."""
-        T = k.size(2)
-        end = self.length + T
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+    def update(self, layer: int, kv: torch.Tensor) -> torch.Tensor:
+        """Store this step's keys and values (2, B, nh, T, hs); return all so far (2, B, nh, S, hs)."""
+        end = self.length + kv.size(3)
+        layer_kv = self.kv[layer]
+        layer_kv[:, :, :, self.length:end] = kv
+        return layer_kv[:, :, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -76,12 +75,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, attn_mask=None, kv_cache: KVCache | None = None):
         B, T, C = x.shape  # batch, time, channels
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
+        # one permute gives q, k and v as views; fewer small ops matter when decoding one token
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        q, kv = qkv[0], qkv[1:]           # (B, nh, T, hs), (2, B, nh, T, hs)
         if kv_cache is not None:
-            k, v = kv_cache.update(self.layer, k, v)  # (B, nh, S, hs), S = cached + T
+            kv = kv_cache.update(self.layer, kv)  # (2, B, nh, S, hs), S = cached + T
+        k, v = kv.unbind(0)
         dropout_p = self.dropout if self.training else 0.0
         # with no mask, either queries and keys are the same positions (plain causal: SDPA's
         # fastest path) or one new token sees every cached key. SDPA's is_causal aligns the
@@ -89,8 +89,10 @@ class CausalSelfAttention(nn.Module):
         is_causal = attn_mask is None and T > 1
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=dropout_p)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C); a view when T == 1
+        y = self.c_proj(y)
+        # dropout is the identity in eval mode; skipping the call is measurable when decoding
+        return self.resid_dropout(y) if self.training else y
 
 
 class MLP(nn.Module):
@@ -102,7 +104,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         # GPT-2 uses the tanh approximation of GELU; the exact one changes logits by ~1e-3
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        x = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(x) if self.training else x  # identity in eval: skip the call
 
 
 class Block(nn.Module):
@@ -212,7 +215,8 @@ class GPT(nn.Module):
         else:
             attn_mask = build_attn_mask(attention_mask, T)
         x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
-        x = self.transformer.drop(x)
+        if self.training:  # dropout is the identity in eval mode: skip the call
+            x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, attn_mask, kv_cache)
         if kv_cache is not None:

@@ -70,12 +70,18 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """One token per row from the last-position logits (B, V). temperature 0 = greedy."""
     if temperature == 0:
         return logits.argmax(-1)
+    if top_k and top_k < logits.size(-1) and (top_p is None or top_p >= 1.0):
+        # draw among the k best directly: softmax over their k logits is the same distribution
+        # as filter_logits + softmax over the vocabulary, with fewer and smaller ops per token
+        best, best_ids = torch.topk(logits, top_k, dim=-1)  # (B, k), (B, k)
+        probs = torch.softmax(best / temperature, dim=-1)
+        choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1) index into the k
+        return best_ids.gather(-1, choice).squeeze(-1)
     logits = filter_logits(logits / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
 def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
              temperature: float = 1.0, top_k=None, top_p=None, eos_token_id=None,
              pad_token_id=None, generator=None) -> GenerationOutput:
@@ -86,52 +92,72 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
     """
     check_sampling_options(temperature, top_k, top_p)
     B, T = prompt_ids.shape
+    if T == 0:
+        raise ValueError("every prompt needs at least one token (GPT-2 users often start "
+                         "an empty prompt with <|endoftext|>)")
     if T + max_new_tokens > model.config.block_size:
         raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens does not fit "
                          f"block_size {model.config.block_size}; shorten the prompt or "
                          f"lower max_new_tokens")
     if pad_token_id is None:
         pad_token_id = eos_token_id if eos_token_id is not None else 0
-    device = prompt_ids.device
     if attention_mask is None:
         attention_mask = torch.ones_like(prompt_ids)
-    attention_mask = attention_mask.long()
     was_training = model.training
     model.eval()
+    # inference mode skips autograd's bookkeeping on every small op of the decoding loop;
+    # its tensors cannot enter autograd later, so the results are cloned out of it
+    with torch.inference_mode():
+        out = _sample(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
+                      top_k, top_p, eos_token_id, pad_token_id, generator)
+    model.train(was_training)
+    return GenerationOutput(*(x.clone() for x in out), T)
 
+
+def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_k, top_p,
+            eos_token_id, pad_token_id, generator):
+    """The decoding loop of `generate`: (sequences, attention_mask, action_mask)."""
+    B, T = prompt_ids.shape
+    device = prompt_ids.device
     cache = model.new_kv_cache(B, T + max_new_tokens)
     sequences = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=device)
     sequences[:, :T] = prompt_ids
-    full_mask = torch.zeros(B, T + max_new_tokens, dtype=torch.long, device=device)
+    # without EOS every generated token is real, so the response part starts as ones
+    full_mask = torch.ones(B, T + max_new_tokens, dtype=torch.long, device=device)
     full_mask[:, :T] = attention_mask
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    # the next position of each row counts its real tokens, so left padding shifts nothing
-    next_pos = attention_mask.sum(-1, keepdim=True)  # (B, 1)
+    # positions count real tokens only, so left padding shifts nothing; computed once here
+    prompt_lens = attention_mask.sum(-1, keepdim=True)                        # (B, 1)
+    positions = prompt_lens + torch.arange(max_new_tokens, device=device)     # (B, new)
+    # while no row has padding (none in the prompt, no row stopped yet) the model needs no
+    # mask, which saves building one per step
+    padded = not bool(attention_mask.all())
 
     logits = model(prompt_ids, attention_mask, position_ids_from_mask(attention_mask),
                    kv_cache=cache)[:, -1]  # (B, V)
     n_new = 0
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-        token = token.masked_fill(done, pad_token_id)
-        sequences[:, T + t] = token
-        full_mask[:, T + t] = (~done).long()
-        n_new = t + 1
         if eos_token_id is not None:
+            token = token.masked_fill(done, pad_token_id)  # a stopped row only gets padding
+            full_mask[:, T + t] = (~done).long()
             done = done | (token == eos_token_id)
-            if done.all():
-                break
+            n_done = int(done.sum())  # one sync answers both "all stopped?" and "any?"
+            padded = padded or n_done > 0
+        sequences[:, T + t] = token
+        n_new = t + 1
+        if eos_token_id is not None and n_done == B:
+            break
         if t + 1 == max_new_tokens:
             break  # the last token needs no forward pass
-        logits = model(token[:, None], full_mask[:, :T + t + 1], next_pos + t,
-                       kv_cache=cache)[:, -1]
+        step_mask = full_mask[:, :T + t + 1] if padded else None
+        logits = model(token[:, None], step_mask, positions[:, t:t + 1], kv_cache=cache)[:, -1]
 
-    model.train(was_training)
     sequences = sequences[:, :T + n_new]
     full_mask = full_mask[:, :T + n_new]
     action_mask = full_mask.clone()
     action_mask[:, :T] = 0
-    return GenerationOutput(sequences, full_mask, action_mask, T)
+    return sequences, full_mask, action_mask
 
 
 if __name__ == "__main__":

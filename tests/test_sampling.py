@@ -97,7 +97,9 @@ def test_left_padding_invariance_of_greedy_generation(tiny_gpt):
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_k=-3), dict(top_p=0),
-                                    dict(top_p=1.5), dict(max_new_tokens=100)])
+                                    dict(top_p=1.5), dict(max_new_tokens=100),
+                                    dict(prompt_ids=torch.zeros(1, 0, dtype=torch.long))])
 def test_impossible_options_are_refused(tiny_gpt, kwargs):
     with pytest.raises(ValueError):
-        generate(tiny_gpt, torch.zeros(1, 4, dtype=torch.long), **{"max_new_tokens": 4, **kwargs})
+        generate(tiny_gpt, **{"prompt_ids": torch.zeros(1, 4, dtype=torch.long), "max_new_tokens": 4,
+                              **kwargs})
