@@ -26,14 +26,15 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
                                     rng_state, save_checkpoint, set_rng_state)
 from mingpt_rlhf.cli import opt, run
-from mingpt_rlhf.data import (encode_example, encode_prompt, left_pad, load_preference_jsonl,
-                              right_pad)
+from mingpt_rlhf.data import (encode_example, encode_prompt, holdout_split, left_pad,
+                              load_preference_jsonl, right_pad)
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.sampling import generate
 from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
                                  seed_everything, set_lr)
 from mingpt_rlhf.tasks import gold_agreement, get_task
+from mingpt_rlhf.tokenizer import EOS
 
 
 @dataclass
@@ -117,7 +118,7 @@ def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, ba
         prompts = [p.prompt for p in eval_pairs] * 2
         responses = [p.chosen for p in eval_pairs] + [p.rejected for p in eval_pairs]
         rm = score_texts(model, tokenizer, prompts, responses, device, ctx)
-        gold = torch.tensor([task.gold_reward(p, r + " <eos>") for p, r in zip(prompts, responses)])
+        gold = torch.tensor([task.gold_reward(p, f"{r} {EOS}") for p, r in zip(prompts, responses)])
         n = len(eval_pairs)
         differ = gold[:n] != gold[n:]
         agree = ((rm[:n] > rm[n:]) == (gold[:n] > gold[n:]))[differ]
@@ -168,10 +169,7 @@ def main(cfg: Config) -> dict:
         if cfg.eval_data:
             eval_pairs = load_preference_jsonl(cfg.eval_data)
         else:
-            order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-            n_eval = max(1, len(train_pairs) // 20)
-            eval_pairs = [train_pairs[i] for i in order[:n_eval]]
-            train_pairs = [train_pairs[i] for i in order[n_eval:]] or eval_pairs
+            train_pairs, eval_pairs = holdout_split(train_pairs, cfg.seed)
 
     # ---- model: the SFT trunk + a fresh head (or everything from the checkpoint on resume)
     model = RewardModel(policy.config)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
                                     save_checkpoint, set_rng_state)
 from mingpt_rlhf.cli import opt, run
-from mingpt_rlhf.data import IGNORE, SFTData, load_sft_jsonl
+from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
 from mingpt_rlhf.model import GPT, GPTConfig
@@ -81,10 +81,7 @@ def load_demonstrations(cfg: Config, task):
     train = load_sft_jsonl(cfg.data)
     if cfg.eval_data:
         return train, load_sft_jsonl(cfg.eval_data)
-    n_eval = max(1, len(train) // 20) if len(train) > 1 else 0
-    g = torch.Generator().manual_seed(cfg.seed)
-    order = torch.randperm(len(train), generator=g).tolist()
-    return [train[i] for i in order[n_eval:]], [train[i] for i in order[:n_eval]] or train
+    return holdout_split(train, cfg.seed)
 
 
 def make_tokenizer(cfg: Config, task, train_pairs):

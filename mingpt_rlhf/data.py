@@ -87,6 +87,16 @@ def load_prompts_jsonl(path: str) -> list[str]:
     return [o["prompt"] for _, o in read_jsonl(path, [["prompt"]], "prompts")]
 
 
+def holdout_split(items: list, seed: int, fraction: float = 0.05):
+    """(train, held-out): a seeded random `fraction` (at least one item) is held out. A list of
+    one item is used for both, so a tiny file still runs."""
+    if len(items) < 2:
+        return items, items
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_eval = max(1, int(len(items) * fraction))
+    return [items[i] for i in order[n_eval:]], [items[i] for i in order[:n_eval]]
+
+
 def encode_example(tokenizer, prompt: str, response: str, block_size: int):
     """(ids, n_prompt) with ids = prompt + response + EOS, cut from the left of the prompt to fit
     `block_size`; None when the response and EOS alone do not fit."""
