@@ -51,7 +51,7 @@ class Config:
     prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     critic: str = opt("separate", "separate (own trunk, from the RM) | shared (value head on the actor)")
-    max_iters: int = opt(100, "PPO iterations (rollouts + update)")
+    max_iters: int = opt(150, "PPO iterations (rollouts + update)")
     rollout_batch_size: int = opt(64, "prompts per rollout batch")
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
@@ -61,7 +61,7 @@ class Config:
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
                         "log-probs are of the full distribution, so filtering inflates the KL")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
-    actor_lr: float = opt(1e-4, "actor learning rate, decayed linearly to 0")
+    actor_lr: float = opt(5e-5, "actor learning rate, decayed linearly to 0 (1e-4 can collapse: see README)")
     critic_lr: float = opt(3e-4, "critic learning rate (separate critic), decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta towards --kl_target (Ziegler et al. 2019)")
