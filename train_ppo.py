@@ -26,8 +26,8 @@ import torch
 from tqdm import tqdm
 
 from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
-                                    rng_state, save_checkpoint, set_rng_state)
-from mingpt_rlhf.cli import opt, run
+                                    resume_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import SFTData, encode_prompt, left_pad, load_prompts_jsonl, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n
@@ -87,10 +87,8 @@ class Config:
 
 
 def check_config(cfg: Config):
-    for name in ["max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
-                 "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon"]:
-        if getattr(cfg, name) <= 0:
-            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    require_positive(cfg, "max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
+                     "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon")
     if cfg.critic not in ("separate", "shared"):
         raise UserError(f"--critic must be separate or shared, got {cfg.critic!r}")
     if cfg.temperature <= 0:
@@ -153,9 +151,7 @@ def main(cfg: Config) -> dict:
     device = pick_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     seed_everything(cfg.seed)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
-                              "run without --resume to start anew") if cfg.resume else None
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
 
     # ---- models
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device)

@@ -17,15 +17,14 @@ built-in task eval_gold_acc and eval_gold_corr.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
+from mingpt_rlhf.checkpoint import (load_policy, load_state_dict_checked, resume_checkpoint,
                                     rng_state, save_checkpoint, set_rng_state)
-from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import (encode_example, encode_prompt, holdout_split, left_pad,
                               load_preference_jsonl, right_pad)
 from mingpt_rlhf.errors import UserError
@@ -149,16 +148,12 @@ def sft_sample_scores(policy, model, tokenizer, prompts, cfg, device, ctx, batch
 
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
-    for name in ["epochs", "batch_size", "eval_interval", "max_new_tokens"]:
-        if getattr(cfg, name) <= 0:
-            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    require_positive(cfg, "epochs", "batch_size", "eval_interval", "max_new_tokens")
     device = pick_device(cfg.device)
     ctx = autocast(device, resolve_dtype(cfg.dtype, device))
     seed_everything(cfg.seed)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
-    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
-                              "run without --resume to start anew") if cfg.resume else None
 
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)

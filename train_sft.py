@@ -12,16 +12,15 @@ Writes out_dir/ckpt.pt (model, tokenizer, optimizer, step, RNG) and out_dir/metr
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_state_dict_checked, rng_state,
+from mingpt_rlhf.checkpoint import (load_state_dict_checked, resume_checkpoint, rng_state,
                                     save_checkpoint, set_rng_state)
-from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
@@ -62,10 +61,8 @@ class Config:
 
 
 def check_config(cfg: Config):
-    for name in ["n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
-                 "eval_interval", "max_new_tokens"]:
-        if getattr(cfg, name) <= 0:
-            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    require_positive(cfg, "n_layer", "n_head", "n_embd", "block_size",
+                     "batch_size", "max_iters", "eval_interval", "max_new_tokens")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"--n_embd {cfg.n_embd} must be divisible by --n_head {cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
@@ -115,9 +112,7 @@ def main(cfg: Config) -> dict:
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    resumed = load_checkpoint(ckpt_path, "checkpoint to resume",
-                              "run without --resume to start anew") if cfg.resume else None
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
 
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed)

@@ -39,6 +39,14 @@ def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "") -> dict
                         f"delete it and train again") from None
 
 
+def resume_checkpoint(out_dir: str, resume: bool):
+    """(path of out_dir/ckpt.pt, its contents when resuming, else None)."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not resume:
+        return path, None
+    return path, load_checkpoint(path, "checkpoint to resume", "run without --resume to start anew")
+
+
 def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str) -> None:
     """`module.load_state_dict`, but a mismatch names the first tensor that does not fit."""
     own = module.state_dict()

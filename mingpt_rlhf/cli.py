@@ -57,6 +57,13 @@ def build_parser(config_cls, description: str = "") -> argparse.ArgumentParser:
     return parser
 
 
+def require_positive(cfg, *names: str) -> None:
+    """UserError naming the first of these options that is not > 0."""
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
+
+
 def parse_config(config_cls, argv=None, description: str = ""):
     args = build_parser(config_cls, description).parse_args(argv)
     return config_cls(**vars(args))
