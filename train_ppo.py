@@ -30,7 +30,7 @@ from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dic
 from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import SFTData, encode_prompt, left_pad, load_prompts_jsonl, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
-from mingpt_rlhf.evaluate import distinct_n
+from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, RewardModel
 from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
@@ -133,16 +133,11 @@ def load_models(cfg: Config, device):
     return tokenizer, actor, ref, rm, critic, value_head
 
 
-def response_texts(tokenizer, exp) -> list[str]:
+def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
+    """Decoded responses (EOS included) and the prompts they answered, from an Experience."""
     T = exp.prompt_len
-    return [tokenizer.decode([t for t, a in zip(seq[T:], act) if a])
-            for seq, act in zip(exp.sequences.tolist(), exp.action_mask.tolist())]
-
-
-def prompt_texts(tokenizer, exp) -> list[str]:
-    T = exp.prompt_len
-    return [tokenizer.decode([t for t, m in zip(seq[:T], mask[:T]) if m])
-            for seq, mask in zip(exp.sequences.tolist(), exp.attention_mask.tolist())]
+    return (decode_rows(tokenizer, exp.sequences[:, T:], exp.action_mask),
+            decode_rows(tokenizer, exp.sequences[:, :T], exp.attention_mask[:, :T]))
 
 
 def main(cfg: Config) -> dict:
@@ -238,7 +233,7 @@ def main(cfg: Config) -> dict:
             n = len(exp.scores)
             figures["rm_score"] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
-            responses += response_texts(tokenizer, exp)
+            responses += response_and_prompt_texts(tokenizer, exp)[0]
             prompts += eval_prompts[i:i + n]
         figures = {k: v / len(rows) for k, v in figures.items()}
         figures["distinct2"] = distinct_n(responses, 2)
@@ -267,7 +262,7 @@ def main(cfg: Config) -> dict:
         experiences, stats = trainer.step(batches, rollout_gen)
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
-                     for p, r in zip(prompt_texts(tokenizer, e), response_texts(tokenizer, e))]
+                     for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
             stats["gold"] = sum(golds) / len(golds)
         log.log(step + 1, **stats)
         bar.set_postfix(rm=f"{stats['rm_score']:.2f}", gold=f"{stats.get('gold', 0):.2f}",

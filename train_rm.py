@@ -25,11 +25,10 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_policy, load_state_dict_checked, resume_checkpoint,
                                     rng_state, save_checkpoint, set_rng_state)
 from mingpt_rlhf.cli import opt, require_positive, run
-from mingpt_rlhf.data import (encode_example, encode_prompt, holdout_split, left_pad,
-                              load_preference_jsonl, right_pad)
+from mingpt_rlhf.data import encode_example, holdout_split, load_preference_jsonl, right_pad
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
-from mingpt_rlhf.sampling import generate
+from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
                                  seed_everything, set_lr)
 from mingpt_rlhf.tasks import gold_agreement, get_task
@@ -128,20 +127,15 @@ def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, ba
 
 
 @torch.no_grad()
-def sft_sample_scores(policy, model, tokenizer, prompts, cfg, device, ctx, batch_size=64):
+def sft_sample_scores(policy, model, tokenizer, prompts, cfg, ctx):
     """Raw RM scores (N,) of responses sampled from the SFT policy, scored as PPO scores them:
     the generated token ids, read at the last real token."""
     model.eval()
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    max_prompt = policy.config.block_size - cfg.max_new_tokens
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed)
     scores = []
-    for i in range(0, len(prompts), batch_size):
-        rows = [encode_prompt(tokenizer, p, max_prompt) for p in prompts[i:i + batch_size]]
-        ids, mask = left_pad(rows, tokenizer.pad_id)
-        with ctx:
-            out = generate(policy, ids.to(device), mask.to(device), cfg.max_new_tokens,
-                           temperature=1.0, eos_token_id=tokenizer.eos_id,
-                           pad_token_id=tokenizer.pad_id, generator=gen)
+    with ctx:
+        for out in generate_batches(policy, tokenizer, prompts, cfg.max_new_tokens,
+                                    temperature=1.0, generator=gen):
             scores.append(model(out.sequences, out.attention_mask, normalise=False).float().cpu())
     return torch.cat(scores)
 
@@ -249,7 +243,7 @@ def main(cfg: Config) -> dict:
         prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt]
         if prompts:
             raw = sft_sample_scores(policy.to(device), model, tokenizer,
-                                    prompts[:cfg.norm_samples], cfg, device, ctx)
+                                    prompts[:cfg.norm_samples], cfg, ctx)
         else:
             print("note: the pairs have no prompts to sample from; normalising on the scores "
                   "of their own chosen and rejected texts instead")

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mingpt_rlhf.bpe import EOT, BPETokenizer, byte_to_unicode, gpt2_pattern  # noqa: E402
+from mingpt_rlhf.bpe import EOT, BPETokenizer, byte_to_unicode, fuse_pair, gpt2_pattern  # noqa: E402
 from mingpt_rlhf.cli import opt, run  # noqa: E402
 from mingpt_rlhf.errors import UserError  # noqa: E402
 from mingpt_rlhf.model import GPT  # noqa: E402
@@ -126,17 +126,11 @@ def train_bpe(text: str, n_merges: int) -> BPETokenizer:
         merges.append(best)
         changed = set()
         for i in where.pop(best):
-            s, new, j = words[i], [], 0
+            s = words[i]
             for p in zip(s, s[1:]):
                 pairs[p] -= freq[i]
                 changed.add(p)
-            while j < len(s):  # fuse every occurrence, left to right, as encode does
-                if j + 1 < len(s) and (s[j], s[j + 1]) == best:
-                    new.append(s[j] + s[j + 1])
-                    j += 2
-                else:
-                    new.append(s[j])
-                    j += 1
+            new = fuse_pair(s, best)  # the same fusing that encode does
             for p in zip(new, new[1:]):
                 pairs[p] += freq[i]
                 where[p].add(i)

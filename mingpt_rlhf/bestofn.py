@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .data import encode_prompt, left_pad
-from .evaluate import response_texts
-from .sampling import generate
+from .evaluate import generate_batches, response_texts
 
 
 @torch.no_grad()
@@ -25,16 +23,10 @@ def best_of_n(policy, reward_model, tokenizer, prompts: list[str], n: int, max_n
               temperature: float = 1.0, missing_eos_penalty: float = -1.0, generator=None,
               batch_size: int = 256):
     """(best response per prompt, its score, generated tokens per prompt on average)."""
-    device = next(policy.parameters()).device
-    max_prompt = policy.config.block_size - max_new_tokens
     repeated = [p for p in prompts for _ in range(n)]  # n copies of each prompt, side by side
     texts, scores, n_tokens = [], [], 0
-    for i in range(0, len(repeated), batch_size):
-        rows = [encode_prompt(tokenizer, p, max_prompt) for p in repeated[i:i + batch_size]]
-        ids, mask = left_pad(rows, tokenizer.pad_id)
-        out = generate(policy, ids.to(device), mask.to(device), max_new_tokens,
-                       temperature=temperature, eos_token_id=tokenizer.eos_id,
-                       pad_token_id=tokenizer.pad_id, generator=generator)
+    for out in generate_batches(policy, tokenizer, repeated, max_new_tokens, batch_size,
+                                temperature=temperature, generator=generator):
         s = reward_model(out.sequences, out.attention_mask).float()
         ended = ((out.sequences == tokenizer.eos_id) & out.action_mask.bool()).any(-1)
         scores.append(torch.where(ended, s, torch.full_like(s, missing_eos_penalty)).cpu())

@@ -97,6 +97,19 @@ def gpt2_pattern() -> re.Pattern:
     return _PATTERN
 
 
+def fuse_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
+    """Fuse every occurrence of `pair` in `symbols`, left to right ("a a a" -> "aa a")."""
+    merged, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            merged.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return merged
+
+
 class BPETokenizer:
     """Byte-level BPE with GPT-2's rules. `encoder`: token string -> id (contiguous 0..n-1,
     must contain `<|endoftext|>`); `merges`: (left, right) pairs, best first."""
@@ -180,16 +193,7 @@ class BPETokenizer:
             best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
             if best not in self.ranks:
                 break
-            # fuse every occurrence of the best pair, left to right ("a a a" -> "aa a")
-            merged, i = [], 0
-            while i < len(symbols):
-                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                    merged.append(symbols[i] + symbols[i + 1])
-                    i += 2
-                else:
-                    merged.append(symbols[i])
-                    i += 1
-            symbols = merged
+            symbols = fuse_pair(symbols, best)
         return symbols
 
     def _encode_word(self, word: str) -> list[int]:

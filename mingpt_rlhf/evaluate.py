@@ -15,30 +15,40 @@ from .data import encode_prompt, left_pad
 from .sampling import generate
 
 
+def decode_rows(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Decode the tokens of each row of `ids` (B, T) where `mask` (B, T) is 1."""
+    return [tokenizer.decode([t for t, m in zip(row, keep) if m])
+            for row, keep in zip(ids.tolist(), mask.tolist())]
+
+
 def response_texts(tokenizer, out) -> list[str]:
-    """Decode each row's generated tokens (action_mask) from a GenerationOutput."""
-    texts = []
-    for seq, act in zip(out.sequences.tolist(), out.action_mask.tolist()):
-        texts.append(tokenizer.decode([t for t, a in zip(seq, act) if a]))
-    return texts
+    """The generated tokens of each row of a GenerationOutput, decoded (EOS included)."""
+    return decode_rows(tokenizer, out.sequences, out.action_mask)
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompts: list[str], max_new_tokens: int,
-                     temperature: float = 1.0, top_k=None, top_p=None, batch_size: int = 64,
-                     generator=None) -> list[str]:
+def generate_batches(model, tokenizer, prompts: list[str], max_new_tokens: int,
+                     batch_size: int = 64, **sampling):
+    """Yield a GenerationOutput for each batch of `prompts`: encoded (cut from the left to
+    leave room for `max_new_tokens`), left-padded, sampled with `sampling` (temperature,
+    top_k, top_p, generator), stopping at the tokenizer's EOS."""
     device = next(model.parameters()).device
     max_prompt = model.config.block_size - max_new_tokens
-    texts = []
     for i in range(0, len(prompts), batch_size):
         rows = [encode_prompt(tokenizer, p, max_prompt) for p in prompts[i:i + batch_size]]
         ids, mask = left_pad(rows, tokenizer.pad_id)
-        out = generate(model, ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
-                       temperature=temperature, top_k=top_k, top_p=top_p,
-                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
-                       generator=generator)
-        texts.extend(response_texts(tokenizer, out))
-    return texts
+        yield generate(model, ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
+                       eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id, **sampling)
+
+
+def sample_responses(model, tokenizer, prompts: list[str], max_new_tokens: int,
+                     temperature: float = 1.0, top_k=None, top_p=None, batch_size: int = 64,
+                     generator=None) -> list[str]:
+    """One sampled response per prompt, decoded."""
+    return [text for out in generate_batches(model, tokenizer, prompts, max_new_tokens,
+                                             batch_size, temperature=temperature, top_k=top_k,
+                                             top_p=top_p, generator=generator)
+            for text in response_texts(tokenizer, out)]
 
 
 def distinct_n(texts: list[str], n: int = 2) -> float:
