@@ -44,13 +44,19 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool = False):
     """log p(tokens) from logits already aligned with them: both (B, N[, V]) -> (B, N).
+    With `with_entropy`, also the (B, N) entropy, from the same log-softmax (one pass over
+    the vocabulary instead of two).
 
     Callers pass `logits[:, T-1:-1]` for the response `sequences[:, T:]`: the logit at column
     t is the model's prediction for the token at column t + 1.
     """
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    taken = logp.gather(-1, tokens[..., None]).squeeze(-1)
+    if not with_entropy:
+        return taken
+    return taken, -(logp.exp() * logp).sum(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE
-from .ppo import (Experience, ReplayBuffer, entropy_from_logits, explained_variance, gae,
-                  kl_shaped_rewards, masked_mean, masked_whiten, policy_loss, token_logprobs,
-                  value_loss)
+from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
+                  masked_mean, masked_whiten, policy_loss, token_logprobs, value_loss)
 from .sampling import generate
 
 
@@ -92,7 +91,8 @@ class PPOTrainer:
             logits, values = self.policy_and_values(seqs, attn, T)
             ref_logits = self.ref(seqs, attn)[:, T - 1:-1] / cfg.temperature
             raw = self.reward_fn(seqs, attn, action_mask).float()
-        logprobs = token_logprobs(logits, responses) * action_mask
+        logprobs, entropy = token_logprobs(logits, responses, with_entropy=True)
+        logprobs = logprobs * action_mask
         ref_logprobs = token_logprobs(ref_logits, responses) * action_mask
         values = values.float() * action_mask
 
@@ -119,7 +119,7 @@ class PPOTrainer:
             "score": scores.mean().item(),
             "kl": kl_per_seq.mean().item(),
             "kl_coef": kl_coef,
-            "entropy": masked_mean(entropy_from_logits(logits), action_mask).item(),
+            "entropy": masked_mean(entropy, action_mask).item(),
             "explained_var": explained_variance(values, returns, action_mask),
             "resp_len": action_mask.sum(-1).mean().item(),
             "eos_rate": ended.float().mean().item(),
@@ -151,12 +151,12 @@ class PPOTrainer:
                     logits, values = self.policy_and_values(mb.sequences, mb.attention_mask,
                                                             mb.prompt_len)
                 responses = mb.sequences[:, mb.prompt_len:]
-                logprobs = token_logprobs(logits, responses)
+                logprobs, entropy = token_logprobs(logits, responses, with_entropy=True)
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range)
                 vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
                                      cfg.clip_range_value)
-                entropy = masked_mean(entropy_from_logits(logits), mb.action_mask)
+                entropy = masked_mean(entropy, mb.action_mask)
                 actor_loss = pg_loss - cfg.entropy_coef * entropy
                 ptx = self.ptx_loss(generator) if use_ptx else torch.zeros(())
                 if use_ptx:

@@ -127,6 +127,14 @@ def test_token_logprobs_shift_matches_a_per_token_loop():
             assert got[b, i].item() == pytest.approx(expected.item(), abs=1e-6)
 
 
+def test_logprobs_with_entropy_match_the_separate_definitions():
+    torch.manual_seed(2)
+    logits, tokens = torch.randn(3, 5, 11) * 3, torch.randint(0, 11, (3, 5))
+    lp, ent = token_logprobs(logits, tokens, with_entropy=True)
+    torch.testing.assert_close(lp, token_logprobs(logits, tokens))
+    torch.testing.assert_close(ent, entropy_from_logits(logits))
+
+
 def test_entropy_is_non_negative_and_max_for_uniform():
     torch.manual_seed(0)
     ent = entropy_from_logits(torch.randn(8, 5, 13) * 5)
