@@ -51,7 +51,7 @@ class Config:
     prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     critic: str = opt("separate", "separate (own trunk, from the RM) | shared (value head on the actor)")
-    max_iters: int = opt(150, "PPO iterations (rollouts + update)")
+    max_iters: int = opt(200, "PPO iterations (rollouts + update)")
     rollout_batch_size: int = opt(64, "prompts per rollout batch")
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
@@ -73,7 +73,9 @@ class Config:
     clip_range_value: float = opt(0.2, "value clip range around the old values")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
-    ptx_coef: float = opt(0.1, "weight of the LM loss on demonstrations (0 = off)")
+    ptx_coef: float = opt(0.02, "weight of the LM loss on demonstrations (0 = off). Kept small: "
+                                 "the built-in demonstrations are 1/3 negative reviews, so "
+                                 "a larger weight pulls the policy back to them (README)")
     target_kl: float = opt(0.0, "stop an update's epochs early when approx-KL passes this (0 = off)")
     reward_clip: float = opt(5.0, "clip reward-model scores to +-this")
     missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")

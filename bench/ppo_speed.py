@@ -11,7 +11,10 @@ demonstrations for a random model).
     python bench/ppo_speed.py --dtype bfloat16      # bf16 autocast on the CPU
 
 Prints one JSON line (median seconds per iteration after a warm-up, and the median of each
-phase) and writes it to bench/results/ppo_speed_<critic>_<dtype>.json.
+phase) and writes it to bench/results/ppo_speed_<critic>_<dtype>.json. With it,
+`learn_matmul_floor`: the seconds this machine needs for only the matrix multiplies of the
+update's linear layers (forward and both backward products, same shapes, same dtype, nothing
+else), timed on their own. No implementation of the update can be faster than that here.
 """
 from __future__ import annotations
 
@@ -34,6 +37,26 @@ from mingpt_rlhf.ppo import FixedKLController  # noqa: E402
 from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
 from mingpt_rlhf.runtime import DTYPES, autocast  # noqa: E402
 from train_ppo import Config  # noqa: E402
+
+
+def learn_matmul_floor(config: GPTConfig, rows: int, steps: int, dtype, reps: int = 5):
+    """(seconds, GFLOP) of the linear layers' matmuls of `steps` minibatch updates of `rows`
+    tokens each: per Linear(n_in, n_out), y = x W^T, dx = dy W and dW = dy^T x."""
+    C = config.n_embd
+    shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * config.n_layer + [(C, config.vocab_size)]
+    mats = [(torch.randn(rows, i, dtype=dtype), torch.randn(o, i, dtype=dtype),
+             torch.randn(rows, o, dtype=dtype)) for i, o in shapes]
+    flop = steps * sum(3 * 2 * rows * i * o for i, o in shapes)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(steps):
+            for x, w, dy in mats:
+                x @ w.t()   # forward
+                dy @ w      # gradient of the input
+                dy.t() @ x  # gradient of the weight
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), flop / 1e9
 
 
 def main():
@@ -75,6 +98,13 @@ def main():
             times.append({"sec_per_iter": total, "t_generate": stats["t_generate"],
                           "t_score": stats["t_score"], "t_learn": stats["t_learn"]})
     result = {k: round(statistics.median(t[k] for t in times), 4) for k in times[0]}
+    floor, gflop = learn_matmul_floor(config, rows=cfg.minibatch_size * 48,
+                                      # a separate critic is a second trunk to train
+                                      steps=cfg.ppo_epochs * 64 // cfg.minibatch_size
+                                      * (2 if args.critic == "separate" else 1),
+                                      dtype=DTYPES[args.dtype])
+    result.update(learn_matmul_floor=round(floor, 4), learn_linear_gflop=round(gflop, 1),
+                  floor_gflops_per_s=round(gflop / floor, 1))
     result.update(critic=args.critic, dtype=args.dtype, iters=args.iters,
                   torch=torch.__version__, threads=torch.get_num_threads(),
                   reward_last=round(stats["rm_score"], 4))
