@@ -5,7 +5,8 @@
 
 Each iteration: sample responses to a batch of prompts -> score them -> rewards with a KL
 penalty to the reference -> GAE -> ppo_epochs x minibatches of clipped policy and value
-losses (+ ptx_coef x LM loss on demonstrations) -> adapt the KL coefficient.
+losses (+ ptx_coef x LM loss on demonstrations), stopping early if approx-KL passes
+target_kl -> adapt the KL coefficient.
 The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the iteration).
 
     python train_ppo.py                         # built-in task, from out/sft and out/rm
@@ -14,7 +15,7 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
-t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, distinct2).
+minibatch_steps, t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, distinct2).
 """
 from __future__ import annotations
 
@@ -76,7 +77,9 @@ class Config:
     ptx_coef: float = opt(0.02, "weight of the LM loss on demonstrations (0 = off). Kept small: "
                                  "the built-in demonstrations are 1/3 negative reviews, so "
                                  "a larger weight pulls the policy back to them (README)")
-    target_kl: float = opt(0.0, "stop an update's epochs early when approx-KL passes this (0 = off)")
+    target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "
+                                 "sampling policy passes this (0 = off); guards against the "
+                                 "sudden KL spikes in the README")
     reward_clip: float = opt(5.0, "clip reward-model scores to +-this")
     missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")
     grad_clip: float = opt(1.0, "clip gradient norms to this (0 = off)")

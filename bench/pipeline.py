@@ -9,8 +9,9 @@
    the KL penalty is for), --ptx_coef 0 and --ptx_coef 0.1 (what the ptx loss does).
 3. Best-of-n (n = 1, 4, 16) from the SFT policy next to the PPO policies, with the same
    reward model, on PPO's 200 held-out eval prompts sampled 16 times each: gold (with its
-   standard error), RM score, well_formed, generated tokens per prompt, and each policy's
-   LM loss on the held-out demonstrations (demo_loss).
+   standard error), RM score, well_formed, off_taste (well-formed responses that still use a
+   negative or neutral adjective), generated tokens per prompt, and each policy's LM loss on
+   the held-out demonstrations (demo_loss).
 Writes bench/results/pipeline.json and prints it.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from mingpt_rlhf.checkpoint import load_checkpoint, load_policy  # noqa: E402
 from mingpt_rlhf.data import IGNORE, SFTData  # noqa: E402
 from mingpt_rlhf.heads import RewardModel  # noqa: E402
 from mingpt_rlhf.model import GPTConfig  # noqa: E402
-from mingpt_rlhf.tasks import get_task  # noqa: E402
+from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402
 
 
 # train_ppo.py with its defaults ("ppo"), and the ablations the README quotes
@@ -60,6 +61,12 @@ def demonstration_loss(policy, tokenizer, demos, batch_size: int = 250) -> float
                                  reduction="sum").item()
         count += (targets != IGNORE).sum().item()
     return total / count
+
+
+def off_taste(task, prompts, texts) -> float:
+    """Share of the well-formed responses that still use a negative or neutral adjective."""
+    kept = [t for p, t in zip(prompts, texts) if task.well_formed(p, t)]
+    return sum(any(ADJECTIVES.get(w, 1) < 1 for w in t.split()) for t in kept) / max(1, len(kept))
 
 
 def timed(fn, cfg):
@@ -115,6 +122,7 @@ def main():
             "gold_stderr": round(golds.std().item() / len(golds) ** 0.5, 4),
             "rm_score": round(scores.mean().item(), 4),
             "well_formed": round(sum(task.well_formed(p, t) for p, t in zip(prompts, texts)) / len(prompts), 4),
+            "off_taste": round(off_taste(task, prompts, texts), 4),
             "tokens_per_prompt": round(tokens, 1),
             "demo_loss": round(demonstration_loss(policy, tokenizer, demos), 4)}
         print(name, compared[name], flush=True)

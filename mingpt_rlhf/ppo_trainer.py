@@ -4,7 +4,7 @@
                      -> reward-model scores -> KL-shaped rewards -> GAE -> Experience
     learn:           ppo_epochs x shuffled minibatches of the replay buffer
                      -> clipped policy loss (+ ptx, - entropy bonus) -> clipped value loss
-                     -> optional early stop on approx-KL
+                     -> early stop when a minibatch's approx-KL passes target_kl
 
 Four models (RLHF_NOTES.md): the actor (trained), the reference (frozen SFT), the reward
 function (frozen RM, given as `reward_fn`), and the critic. The critic is either `separate`
@@ -144,8 +144,8 @@ class PPOTrainer:
         t0 = time.time()
         totals, n = {}, 0
         use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
+        stopped = False
         for epoch in range(cfg.ppo_epochs):
-            epoch_kl, epoch_n = 0.0, 0
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator):
                 with self.amp():
                     logits, values = self.policy_and_values(mb.sequences, mb.attention_mask,
@@ -154,6 +154,11 @@ class PPOTrainer:
                 logprobs, entropy = token_logprobs(logits, responses, with_entropy=True)
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range)
+                if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
+                    # the policy already moved this far from the one that sampled the batch:
+                    # stop the update here, before this minibatch moves it further
+                    stopped = True
+                    break
                 vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
                                      cfg.clip_range_value)
                 entropy = masked_mean(entropy, mb.action_mask)
@@ -172,13 +177,11 @@ class PPOTrainer:
                 for k, v in figures.items():
                     totals[k] = totals.get(k, 0.0) + v.item()
                 n += 1
-                epoch_kl += approx_kl.item()
-                epoch_n += 1
-            if cfg.target_kl > 0 and epoch_kl / epoch_n > cfg.target_kl:
-                break  # the policy moved far enough from the one that sampled: stop early
+            if stopped:
+                break
         self.buffer.clear()
         stats = {k: v / n for k, v in totals.items()}
-        stats.update(ppo_epochs_done=epoch + 1, skipped_updates=self.skipped_updates,
+        stats.update(minibatch_steps=n, skipped_updates=self.skipped_updates,
                      t_learn=time.time() - t0)
         return stats
 

@@ -169,3 +169,20 @@ def test_buffer_is_empty_after_each_update_and_nan_updates_are_skipped():
     tr._step(tr.actor_opt, torch.tensor(float("nan"), requires_grad=True))
     assert tr.skipped_updates == 1
     assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))
+
+
+def test_target_kl_stops_the_update_at_the_first_minibatch_past_it():
+    """Minibatch 1 of epoch 1 has approx-KL exactly 0, so it always steps; after that step the
+    next minibatch's approx-KL is > 0, so a tiny target stops the update there, before it
+    steps. Off (0) or a target never reached, all epochs x minibatches run."""
+    steps, params = {}, {}
+    for target in [0.0, 1e-12, 1e9]:
+        tr = make_trainer(Cfg(target_kl=target), seed=0)
+        tr.buffer.add(tr.make_experience(*prompts(32), torch.Generator().manual_seed(0))[0])
+        stats = tr.learn(torch.Generator().manual_seed(1))
+        steps[target] = stats["minibatch_steps"]
+        params[target] = torch.cat([p.flatten() for p in tr.actor.parameters()])
+        assert len(tr.buffer) == 0  # cleared after an early stop too
+    assert steps == {0.0: 4 * 4, 1e-12: 1, 1e9: 4 * 4}
+    assert torch.equal(params[0.0], params[1e9])  # an unreached target changes nothing
+    assert not torch.equal(params[1e-12], params[0.0])
