@@ -77,7 +77,8 @@ def main():
     else:
         value_head = torch.nn.Linear(config.n_embd, 1)
     cfg = Config(critic=args.critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
-                 max_new_tokens=32, temperature=1.0, ptx_coef=0.0)
+                 max_new_tokens=32, temperature=1.0, ptx_coef=0.0,
+                 target_kl=0.0)  # every update does all 4 x 4 minibatch steps
 
     def reward_fn(sequences, attention_mask, action_mask):
         responses = sequences[:, -action_mask.size(1):]
@@ -94,6 +95,7 @@ def main():
         exps, stats = trainer.step([(prompts, torch.ones_like(prompts))], g)
         total = time.time() - t
         assert exps[0].action_mask.shape == (64, 32) and exps[0].action_mask.all()
+        assert stats["minibatch_steps"] == 16
         if i >= args.warmup:
             times.append({"sec_per_iter": total, "t_generate": stats["t_generate"],
                           "t_score": stats["t_score"], "t_learn": stats["t_learn"]})
