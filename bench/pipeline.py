@@ -17,13 +17,13 @@ Writes bench/results/pipeline.json and prints it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -33,7 +33,7 @@ import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.bestofn import best_of_n  # noqa: E402
 from mingpt_rlhf.checkpoint import load_checkpoint, load_policy  # noqa: E402
-from mingpt_rlhf.data import IGNORE, SFTData  # noqa: E402
+from mingpt_rlhf.data import SFTData  # noqa: E402
 from mingpt_rlhf.heads import RewardModel  # noqa: E402
 from mingpt_rlhf.model import GPTConfig  # noqa: E402
 from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402
@@ -46,21 +46,6 @@ PPO_RUNS = {
     "ppo_ptx0": {"ptx_coef": 0.0},                     # what the ptx loss is for
     "ppo_ptx0.1": {"ptx_coef": 0.1},                   # a stronger ptx loss
 }
-
-
-@torch.no_grad()
-def demonstration_loss(policy, tokenizer, demos, batch_size: int = 250) -> float:
-    """Mean LM loss (nats per response token) of `policy` on held-out demonstrations: how much
-    of the SFT distribution a policy kept (the "alignment tax" the ptx loss pays down)."""
-    data = SFTData(tokenizer, demos, policy.config.block_size)
-    total, count = 0.0, 0
-    for i in range(0, len(data), batch_size):
-        inputs, targets = data.batch(range(i, min(i + batch_size, len(data))))
-        logits = policy(inputs)
-        total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
-                                 reduction="sum").item()
-        count += (targets != IGNORE).sum().item()
-    return total / count
 
 
 def off_taste(task, prompts, texts) -> float:
@@ -109,11 +94,17 @@ def main():
     runs = [("sft_best_of_1", "sft", 1), ("sft_best_of_4", "sft", 4), ("sft_best_of_16", "sft", 16)]
     runs += [(name, name, 1) for name in PPO_RUNS]
     demos = task.sft_examples("eval")
+    demo_loss = {}  # per run: the policy's LM loss on the held-out demonstrations
     compared = {"prompts": ppo_cfg.eval_prompts, "samples_per_prompt": args.samples_per_prompt}
     for name, run_dir, n in runs:
         if not os.path.exists(os.path.join(r(run_dir), "ckpt.pt")):
             continue
         policy, tokenizer, _ = load_policy(r(run_dir))
+        if run_dir not in demo_loss:  # how much of the SFT distribution the policy kept
+            data = SFTData(tokenizer, demos, policy.config.block_size)
+            demo_loss[run_dir] = round(train_sft.eval_loss(policy, data, 250, "cpu",
+                                                           contextlib.nullcontext()), 4)
+            policy.eval()
         texts, scores, tokens = best_of_n(policy, rm, tokenizer, prompts, n, ppo_cfg.max_new_tokens,
                                           generator=torch.Generator().manual_seed(args.seed))
         golds = torch.tensor([task.gold_reward(p, t) for p, t in zip(prompts, texts)])
@@ -124,7 +115,7 @@ def main():
             "well_formed": round(sum(task.well_formed(p, t) for p, t in zip(prompts, texts)) / len(prompts), 4),
             "off_taste": round(off_taste(task, prompts, texts), 4),
             "tokens_per_prompt": round(tokens, 1),
-            "demo_loss": round(demonstration_loss(policy, tokenizer, demos), 4)}
+            "demo_loss": demo_loss[run_dir]}
         print(name, compared[name], flush=True)
     results["compared"] = compared
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
