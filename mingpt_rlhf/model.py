@@ -14,8 +14,20 @@ Two things an RLHF model needs beyond nanoGPT:
   positions instead of recomputing the whole prefix (`KVCache`, used by `sampling.py`).
 
 `trunk()` returns the final hidden states (B, T, C); the reward model and the critic in
-`heads.py` put their own heads on it. `forward()` = `lm_head(trunk())`, logits for every
-position.
+`heads.py` put their own heads on it. `logits(hidden)` applies the output layer, and
+`forward()` = `logits(trunk())`, logits for every position. Code that needs the log-probs of a
+few positions (RL, SFT at a 50k vocabulary) calls `trunk()` and applies the output layer to
+those positions only (`logprobs.py`).
+
+At GPT-2 scale three more details matter:
+- **The output layer in float32**, even under bf16 autocast: GPT-2's logits sit near -90,
+  where bf16 can only step by 0.5 nats, which would make every log-prob and KL coarse.
+- **The vocabulary padded to a multiple of 64** rows (50,257 -> 50,304, as nanoGPT does) so
+  the large output matmul runs on aligned shapes. The padded rows are never returned:
+  `logits()` gives `vocab_size` columns, so a padded id can never be sampled.
+- **Gradient checkpointing** (`grad_checkpoint = True`): while training, each block's
+  activations are recomputed in the backward pass instead of being kept, trading ~30 % more
+  compute for activations of one block instead of all of them.
 
 Try it:  python -c "import torch; from mingpt_rlhf.model import *; m=GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=16)); print(m(torch.zeros(1, 5, dtype=torch.long)).shape)"
 """
@@ -27,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -38,6 +51,11 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True       # GPT-2 has biases in Linear and LayerNorm layers
+    vocab_multiple: int = 64  # embedding rows are padded to a multiple of this (1 = no padding)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 class KVCache:
@@ -148,14 +166,15 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
+        self.grad_checkpoint = False  # recompute each block in backward (set by the scripts)
         self.apply(self._init_weights)
         # GPT-2: scale the projections into the residual stream by 1/sqrt(2 * n_layer),
         # since each block adds two of them to the same stream
@@ -217,22 +236,41 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
         if self.training:  # dropout is the identity in eval mode: skip the call
             x = self.transformer.drop(x)
+        recompute = self.grad_checkpoint and kv_cache is None and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x, attn_mask, kv_cache)
+            if recompute:  # keep only the block's input; rerun the block in backward
+                x = checkpoint(block, x, attn_mask, None, use_reentrant=False)
+            else:
+                x = block(x, attn_mask, kv_cache)
         if kv_cache is not None:
             kv_cache.length += T
         return self.transformer.ln_f(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output layer: (..., C) hidden states -> (..., vocab_size) float32 logits.
+
+        Autocast is switched off here: bf16 logits of GPT-2 are coarse (steps of 0.5 nats
+        near -90). The padded vocabulary rows are cut off, so they are never sampled."""
+        weight = self.lm_head.weight
+        with torch.autocast(hidden.device.type, enabled=False):
+            logits = F.linear(hidden.to(weight.dtype), weight)
+        return logits[..., :self.config.vocab_size]
 
     def forward(self, idx, attention_mask=None, position_ids=None, kv_cache=None,
                 return_hidden: bool = False):
         """Logits (B, T, vocab_size) for every position; with `return_hidden`, also (B, T, C)."""
         hidden = self.trunk(idx, attention_mask, position_ids, kv_cache)
-        logits = self.lm_head(hidden)
+        logits = self.logits(hidden)
         return (logits, hidden) if return_hidden else logits
 
     def new_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
-        p = self.transformer.wte.weight
-        return KVCache(self.config, batch_size, max_len, p.device, p.dtype)
+        """A cache in the dtype the keys and values are computed in: the autocast dtype when
+        autocast is on (bf16 keys stored as fp32 would double the cache for nothing), else
+        that of the attention weights."""
+        w = self.transformer.h[0].attn.c_attn.weight
+        device = w.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
+        return KVCache(self.config, batch_size, max_len, w.device, dtype)
 
     def optim_groups(self, weight_decay: float):
         """AdamW groups: decay matrices (embeddings, Linear weights) only, never biases or norms."""
@@ -241,3 +279,14 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+
+
+def pad_vocab_rows(state_dict: dict, config: GPTConfig) -> dict:
+    """A state dict written before the vocabulary was padded has `vocab_size` embedding rows;
+    give it the padded rows (zeros: never an input, never returned as a logit)."""
+    out = dict(state_dict)
+    for name, t in state_dict.items():
+        if name.endswith("transformer.wte.weight") and t.shape[0] == config.vocab_size \
+                and config.padded_vocab_size > config.vocab_size:
+            out[name] = torch.cat([t, t.new_zeros(config.padded_vocab_size - t.shape[0], t.shape[1])])
+    return out

@@ -4,7 +4,7 @@ An episode is one response: the state is prompt + tokens so far, an action is th
 Everything below works on response-aligned tensors of shape (B, N): column i is the i-th
 generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 after it.
 
-1. `token_logprobs`: log-prob of each taken token. The logit at position t predicts token
+1. Log-probs of each taken token (`logprobs.py`). The logit at position t predicts token
    t + 1, so the response tokens (columns T..T+N-1 of the sequence) are scored by the logits
    at columns T-1..T+N-2. Getting this shift wrong is the classic RLHF bug.
 2. `kl_shaped_rewards`: r_t = -beta * (logp_t - ref_logp_t) on every response token (the k1
@@ -29,6 +29,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from .logprobs import token_logprobs  # noqa: F401  (part of the PPO math; tests import it here)
+
 
 # ----------------------------------------------------------------------------- helpers
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -42,27 +44,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
     return (x - mean) * torch.rsqrt(var + eps) * mask
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool = False):
-    """log p(tokens) from logits already aligned with them: both (B, N[, V]) -> (B, N).
-    With `with_entropy`, also the (B, N) entropy, from the same log-softmax (one pass over
-    the vocabulary instead of two).
-
-    Callers pass `logits[:, T-1:-1]` for the response `sequences[:, T:]`: the logit at column
-    t is the model's prediction for the token at column t + 1.
-    """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    taken = logp.gather(-1, tokens[..., None]).squeeze(-1)
-    if not with_entropy:
-        return taken
-    return taken, -(logp.exp() * logp).sum(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """(B, N) entropy of the sampling distribution at each position; always >= 0."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
 
 
 def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:

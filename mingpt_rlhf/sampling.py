@@ -12,9 +12,14 @@ The returned masks are what PPO needs:
 - `action_mask`    (B, T + new): 1 for every generated token up to and including EOS; the
   EOS is an action the policy took, so it is trained and rewarded like any other token.
 
+PAD is never sampled: when `pad_token_id` is given and differs from EOS, its logit is set to
+-inf before every draw (a sampled PAD would be scored by the reward model but dropped by
+`decode`). Ids past the real vocabulary cannot be drawn either: the model returns logits for
+`vocab_size` ids only. Only the last position's logits are computed at each step.
+
 Note for RL: PPO must compute its log-probs from the same distribution it sampled from, so
 rollouts use plain sampling (no top-k / top-p) and the log-probs are taken from
-`logits / temperature` (RLHF_NOTES.md, "negative KL").
+`logits / temperature`, with PAD excluded the same way (RLHF_NOTES.md, "negative KL").
 
 Try it:  python -m mingpt_rlhf.sampling   (samples from a random tiny model)
 """
@@ -88,7 +93,8 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
 
     `pad_token_id` fills the positions after a row's EOS (default: `eos_token_id`, else 0);
-    the masks, not the pad value, say what is real. `generator` makes sampling reproducible.
+    the masks, not the pad value, say what is real. A `pad_token_id` distinct from EOS is
+    never sampled. `generator` makes sampling reproducible.
     """
     check_sampling_options(temperature, top_k, top_p)
     B, T = prompt_ids.shape
@@ -99,6 +105,9 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
         raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens does not fit "
                          f"block_size {model.config.block_size}; shorten the prompt or "
                          f"lower max_new_tokens")
+    # a PAD of its own is never a token the policy may write; a default PAD is EOS (or 0), a
+    # real token, and stays allowed
+    suppress = pad_token_id if pad_token_id is not None and pad_token_id != eos_token_id else None
     if pad_token_id is None:
         pad_token_id = eos_token_id if eos_token_id is not None else 0
     if attention_mask is None:
@@ -109,13 +118,23 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
     # its tensors cannot enter autograd later, so the results are cloned out of it
     with torch.inference_mode():
         out = _sample(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
-                      top_k, top_p, eos_token_id, pad_token_id, generator)
+                      top_k, top_p, eos_token_id, pad_token_id, suppress, generator)
     model.train(was_training)
     return GenerationOutput(*(x.clone() for x in out), T)
 
 
+def next_token_logits(model, ids, attention_mask, position_ids, cache, suppress):
+    """(B, V) logits of the last position only (at a 50k vocabulary, the other positions'
+    logits would cost far more than the step itself), with the `suppress` id at -inf."""
+    hidden = model.trunk(ids, attention_mask, position_ids, kv_cache=cache)[:, -1]  # (B, C)
+    logits = model.logits(hidden)                                                # (B, V)
+    if suppress is not None:
+        logits[:, suppress] = float("-inf")
+    return logits
+
+
 def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_k, top_p,
-            eos_token_id, pad_token_id, generator):
+            eos_token_id, pad_token_id, suppress, generator):
     """The decoding loop of `generate`: (sequences, attention_mask, action_mask)."""
     B, T = prompt_ids.shape
     device = prompt_ids.device
@@ -133,8 +152,8 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     # mask, which saves building one per step
     padded = not bool(attention_mask.all())
 
-    logits = model(prompt_ids, attention_mask, position_ids_from_mask(attention_mask),
-                   kv_cache=cache)[:, -1]  # (B, V)
+    logits = next_token_logits(model, prompt_ids, attention_mask,
+                               position_ids_from_mask(attention_mask), cache, suppress)
     n_new = 0
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
@@ -151,7 +170,8 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
         if t + 1 == max_new_tokens:
             break  # the last token needs no forward pass
         step_mask = full_mask[:, :T + t + 1] if padded else None
-        logits = model(token[:, None], step_mask, positions[:, t:t + 1], kv_cache=cache)[:, -1]
+        logits = next_token_logits(model, token[:, None], step_mask, positions[:, t:t + 1],
+                                   cache, suppress)
 
     sequences = sequences[:, :T + n_new]
     full_mask = full_mask[:, :T + n_new]

@@ -73,3 +73,54 @@ def test_weight_decay_groups_hold_matrices_only(tiny_gpt):
     decay, no_decay = tiny_gpt.optim_groups(0.1)
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(tiny_gpt.parameters()))
+
+
+def test_vocabulary_rows_are_padded_but_never_returned():
+    model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    assert model.transformer.wte.weight.shape[0] == 64 == model.config.padded_vocab_size
+    assert model(torch.randint(0, 50, (2, 5))).shape == (2, 5, 50)
+    assert GPTConfig(vocab_size=50257).padded_vocab_size == 50304  # GPT-2's, as in nanoGPT
+
+
+def test_a_state_dict_from_before_the_padding_still_loads(tiny_gpt):
+    from mingpt_rlhf.checkpoint import load_state_dict_checked
+    old = dict(tiny_gpt.state_dict())
+    old["transformer.wte.weight"] = old["transformer.wte.weight"][:17].clone()  # unpadded
+    fresh = GPT(tiny_gpt.config).eval()
+    load_state_dict_checked(fresh, old, "old checkpoint")
+    idx = torch.randint(0, 17, (2, 6))
+    torch.testing.assert_close(fresh(idx), tiny_gpt(idx), rtol=0, atol=0)
+
+
+def test_grad_checkpoint_gives_the_same_loss_and_gradients(tiny_gpt):
+    idx = torch.randint(0, 17, (3, 12))
+    grads = []
+    for recompute in [False, True]:
+        tiny_gpt.zero_grad()
+        tiny_gpt.grad_checkpoint = recompute
+        loss = tiny_gpt(idx).logsumexp(-1).mean()
+        loss.backward()
+        grads.append([p.grad.clone() for p in tiny_gpt.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_cache_is_in_the_autocast_dtype(tiny_gpt):
+    assert tiny_gpt.new_kv_cache(2, 8).kv.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tiny_gpt.new_kv_cache(2, 8).kv.dtype == torch.bfloat16
+
+
+def test_a_frozen_copy_held_in_bf16_computes_what_autocast_computes(tiny_gpt):
+    """hold_frozen_in stores the Linear weights as autocast would cast them: the same logits,
+    to the last bit, under bf16 autocast (so the KL of the reference to the actor starts at
+    0), with the embedding (and so the output layer) kept in float32."""
+    import copy
+    from mingpt_rlhf.runtime import hold_frozen_in
+    frozen = hold_frozen_in(copy.deepcopy(tiny_gpt).requires_grad_(False), torch.bfloat16)
+    assert frozen.transformer.h[0].attn.c_attn.weight.dtype == torch.bfloat16
+    assert frozen.transformer.wte.weight.dtype == torch.float32
+    assert frozen.transformer.h[0].ln_1.weight.dtype == torch.float32
+    ids, mask = left_pad([[3, 4, 5, 6, 7], [8, 9]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(frozen(ids, mask), tiny_gpt(ids, mask), rtol=0, atol=0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mingpt_rlhf.ppo import (AdaptiveKLController, Experience, ReplayBuffer, align_and_cat,
-                             entropy_from_logits, gae, kl_shaped_rewards, masked_whiten,
+                             gae, kl_shaped_rewards, masked_whiten,
                              policy_loss, token_logprobs, value_loss)
 
 
@@ -132,14 +132,16 @@ def test_logprobs_with_entropy_match_the_separate_definitions():
     logits, tokens = torch.randn(3, 5, 11) * 3, torch.randint(0, 11, (3, 5))
     lp, ent = token_logprobs(logits, tokens, with_entropy=True)
     torch.testing.assert_close(lp, token_logprobs(logits, tokens))
-    torch.testing.assert_close(ent, entropy_from_logits(logits))
+    torch.testing.assert_close(ent, -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1))
 
 
 def test_entropy_is_non_negative_and_max_for_uniform():
     torch.manual_seed(0)
-    ent = entropy_from_logits(torch.randn(8, 5, 13) * 5)
+    tokens = torch.zeros(8, 5, dtype=torch.long)
+    ent = token_logprobs(torch.randn(8, 5, 13) * 5, tokens, with_entropy=True)[1]
     assert (ent >= 0).all()
-    assert entropy_from_logits(torch.zeros(1, 1, 13)).item() == pytest.approx(math.log(13))
+    uniform = token_logprobs(torch.zeros(1, 1, 13), tokens[:1, :1], with_entropy=True)[1]
+    assert uniform.item() == pytest.approx(math.log(13))
 
 
 def test_adaptive_kl_matches_formula():

@@ -75,8 +75,8 @@ def test_eos_stops_a_row_and_the_rest_is_padding(tiny_gpt):
 
 
 class AlwaysEOS(GPT):
-    def forward(self, *args, **kwargs):
-        logits = super().forward(*args, **kwargs)
+    def logits(self, hidden):
+        logits = super().logits(hidden)
         logits[..., 1] += 100.0  # token 1 (EOS) always wins
         return logits
 
@@ -103,3 +103,24 @@ def test_impossible_options_are_refused(tiny_gpt, kwargs):
     with pytest.raises(ValueError):
         generate(tiny_gpt, **{"prompt_ids": torch.zeros(1, 4, dtype=torch.long), "max_new_tokens": 4,
                               **kwargs})
+
+
+class LovesPad(GPT):
+    def logits(self, hidden):
+        logits = super().logits(hidden)
+        logits[..., 0] += 100.0  # PAD (id 0) would win every draw
+        return logits
+
+
+def test_pad_is_never_sampled():
+    """A response with a PAD in it would be scored by the RM but lose that token in decode."""
+    torch.manual_seed(0)
+    model = LovesPad(GPTConfig(vocab_size=17, block_size=64, n_layer=1, n_head=2, n_embd=16))
+    prompts = torch.randint(3, 17, (8, 4))
+    for temperature in [1.0, 0.0]:
+        out = generate(model, prompts, max_new_tokens=10, temperature=temperature,
+                       eos_token_id=1, pad_token_id=0, generator=torch.Generator().manual_seed(0))
+        assert not (out.responses[out.action_mask[:, 4:].bool()] == 0).any()
+    # PAD left at its default (= EOS) is a real token and stays allowed
+    out = generate(model, prompts, max_new_tokens=3, eos_token_id=0)
+    assert (out.responses[:, 0] == 0).all()

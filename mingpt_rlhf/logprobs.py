@@ -1,0 +1,104 @@
+"""Log-probabilities of the tokens a model wrote, at any vocabulary size, in little memory.
+
+Every stage needs log p(token) at some positions: PPO for each response token (actor and
+reference), SFT and ptx for each target token, DPO for each token of chosen and rejected.
+With a 51-word vocabulary the logits are small; with GPT-2's 50,257 ids they are not: one
+rollout batch of 32 x 320 positions has 515 M float32 logits (2 GB), and log_softmax, exp
+and the entropy each make another tensor that size, kept for the backward pass.
+
+So the output layer is applied here, to the positions that score something only, in chunks:
+- **only where used**: callers pass the hidden states of the positions that predict a
+  token (the response, the targets), never the prompt's;
+- **in chunks of rows**, each turned into (rows, V) float32 logits, reduced to one log-prob
+  (and one entropy) per row, and dropped before the next chunk;
+- **recomputed in backward** (`torch.utils.checkpoint`) when gradients are needed and there
+  is more than one chunk: autograd then keeps the (rows, C) hidden states, not the
+  (rows, V) log-softmax. Costs one more output-layer matmul per chunk.
+- **float32** logits and log-softmax, even under bf16 autocast (`GPT.logits`).
+
+`token_logprobs(logits, tokens)` is the plain version for logits already computed; the tests
+check the chunked one against it.
+
+The logit at position t predicts the token at t + 1: callers pass `hidden[:, T-1:-1]` for the
+response `sequences[:, T:]` (the classic off-by-one of RLHF is here; see ppo.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_ELEMENTS = 1 << 23  # logits per chunk: 8 M floats (32 MB), e.g. 166 rows at GPT-2's vocab
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool = False):
+    """log p(tokens) from logits already aligned with them: (..., V) and (...) -> (...).
+    With `with_entropy`, also the entropy at each position, from the same log-softmax."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    taken = logp.gather(-1, tokens[..., None]).squeeze(-1)
+    if not with_entropy:
+        return taken
+    return taken, -(logp.exp() * logp).sum(-1)
+
+
+def _chunk(model, hidden, tokens, temperature, suppress, entropy):
+    """(rows,) log-probs and entropies (or None) of one chunk of (rows, C) hidden states."""
+    logits = model.logits(hidden) / temperature  # (rows, V) float32
+    if suppress is not None:
+        # the id the policy never writes (PAD): probability exactly 0, as when sampling. The
+        # most negative float, not -inf, keeps p * log p = 0 * finite = 0 in the entropy.
+        logits[:, suppress] = torch.finfo(logits.dtype).min
+    logp = torch.log_softmax(logits, dim=-1)
+    taken = logp.gather(-1, tokens[:, None]).squeeze(-1)
+    if entropy is None:
+        return taken, None
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+        ent = -(logp.exp() * logp).sum(-1)
+    return taken, ent
+
+
+def lm_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                suppress: int | None = None, entropy: str | None = None,
+                chunk_elements: int = CHUNK_ELEMENTS):
+    """log p(tokens) under `model`'s output layer, from the hidden states that predict them.
+
+    hidden: (..., C) float; tokens: (...) int64, the token each position predicts.
+    temperature: the logits are divided by it (PPO's log-probs are those of the tempered
+    distribution that sampled). suppress: an id given probability 0 (PAD).
+    entropy: None, "value" (the entropy without its gradient) or "grad" (with it).
+    Returns (log-probs (...), entropy (...) or None), float32.
+    """
+    shape = tokens.shape
+    h = hidden.reshape(-1, hidden.size(-1))          # (M, C)
+    t = tokens.reshape(-1)                           # (M,)
+    rows = max(1, chunk_elements // model.config.vocab_size)
+    if h.size(0) <= rows:  # one chunk: nothing to gain from recomputing it
+        taken, ent = _chunk(model, h, t, temperature, suppress, entropy)
+    else:
+        recompute = torch.is_grad_enabled() and h.requires_grad
+        parts = []
+        for i in range(0, h.size(0), rows):
+            args = (model, h[i:i + rows], t[i:i + rows], temperature, suppress, entropy)
+            parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute
+                         else _chunk(*args))
+        taken = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1] for p in parts]) if entropy is not None else None
+    return taken.view(shape), (ent.view(shape) if ent is not None else None)
+
+
+def sequence_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tensor, start: int,
+                      **kwargs):
+    """log p of the tokens `sequences[:, start:]` (B, N) given everything before them, with one
+    trunk pass; `kwargs` as `lm_logprobs`. Returns (log-probs (B, N), entropy or None)."""
+    hidden = model.trunk(sequences, attention_mask)[:, start - 1:-1]  # (B, N, C): predicts start..
+    return lm_logprobs(model, hidden, sequences[:, start:], **kwargs)
+
+
+def lm_loss(model, inputs: torch.Tensor, targets: torch.Tensor, suppress: int | None = None,
+            reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy (SFT, ptx, eval loss) from (B, T) inputs and targets, where
+    targets[b, t] is the token at t + 1 or IGNORE (-100). The output layer is applied to the
+    positions with a target only. reduction: "mean" over targets, or "sum"."""
+    hidden = model.trunk(inputs)              # right padding needs no mask: causal attention
+    keep = targets >= 0                       # (B, T) positions that predict a real target
+    logp, _ = lm_logprobs(model, hidden[keep], targets[keep], suppress=suppress)  # (M,)
+    return -(logp.mean() if reduction == "mean" else logp.sum())
