@@ -48,7 +48,11 @@ def resume_checkpoint(out_dir: str, resume: bool):
 
 
 def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str) -> None:
-    """`module.load_state_dict`, but a mismatch names the first tensor that does not fit."""
+    """`module.load_state_dict`, but a mismatch names the first tensor that does not fit.
+    A GPT state dict from before the vocabulary was padded gets its padded rows."""
+    from .model import pad_vocab_rows
+    if getattr(module, "config", None) is not None:
+        state_dict = pad_vocab_rows(state_dict, module.config)
     own = module.state_dict()
     for name, tensor in own.items():
         if name not in state_dict:
@@ -63,6 +67,43 @@ def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: st
         raise UserError(f"{where} has tensors the model lacks, e.g. {extra[0]!r}: "
                         f"it was written for another model")
     module.load_state_dict(state_dict)
+
+
+def weights_for_later_stages(module: torch.nn.Module) -> dict:
+    """The state dict later stages (and sampling) load: with LoRA, the adapters merged in."""
+    from .lora import has_lora, merged_state_dict
+    return merged_state_dict(module) if has_lora(module) else module.state_dict()
+
+
+def resume_state(module: torch.nn.Module) -> dict:
+    """What --resume restores of a trained module: its whole state, or with LoRA only what
+    trains (adapters, heads) and a fingerprint of the frozen base, which a resumed run
+    rebuilds from where it came from."""
+    from .lora import base_fingerprint, has_lora, trainable_state_dict
+    if has_lora(module):
+        return {"lora": trainable_state_dict(module), "base_fingerprint": base_fingerprint(module)}
+    return {"state": module.state_dict()}
+
+
+def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
+    """Restore what `resume_state` saved into a module built as the first run built it."""
+    from .lora import base_fingerprint, has_lora, trainable_state_dict
+    if "state" in saved:
+        if has_lora(module):
+            raise UserError(f"{where} was written by a run without LoRA; resume without "
+                            f"--lora_rank")
+        load_state_dict_checked(module, saved["state"], where)
+        return
+    if not has_lora(module):
+        raise UserError(f"{where} was written by a LoRA run; resume with the same --lora_rank")
+    own = trainable_state_dict(module)
+    if set(own) != set(saved["lora"]) or any(own[k].shape != saved["lora"][k].shape for k in own):
+        raise UserError(f"{where}: the adapters do not fit this model; resume with the same "
+                        f"--lora_rank and --lora_targets")
+    if abs(base_fingerprint(module) - saved["base_fingerprint"]) > 1e-6 * max(1.0, abs(saved["base_fingerprint"])):
+        raise UserError(f"{where}: the frozen base weights differ from the ones this LoRA run "
+                        f"started from (was the SFT or RM checkpoint retrained?); start anew")
+    module.load_state_dict(saved["lora"], strict=False)
 
 
 def rng_state() -> dict:

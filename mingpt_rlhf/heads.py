@@ -50,12 +50,20 @@ class ScalarHeadModel(nn.Module):
         return self.head(hidden).squeeze(-1)          # (B, T)
 
     def load_trunk_and_head(self, state_dict: dict, where: str = "reward model checkpoint"):
-        """Take `gpt.*` and `head.*` from a RewardModel or Critic state dict; keep our buffers."""
+        """Take `gpt.*` and `head.*` from a RewardModel or Critic state dict; keep our buffers.
+
+        A normalised reward model scores `gain * head(h) + bias`; that normalisation is folded
+        into the head (weight x gain, bias x gain + bias), so the loaded head speaks in the
+        normalised units PPO's rewards are in (RLHF_NOTES.md, failure mode 9)."""
         from .checkpoint import load_state_dict_checked
         if "head.weight" not in state_dict:
             raise UserError(f"{where} holds no scalar head: is it a reward model checkpoint?")
+        gain = state_dict.get("gain", torch.tensor(1.0)).float()
+        shift = state_dict.get("bias", torch.tensor(0.0)).float()
+        picked = dict(state_dict, **{"head.weight": gain * state_dict["head.weight"].float(),
+                                     "head.bias": gain * state_dict["head.bias"].float() + shift})
         own = self.state_dict()
-        picked = {k: state_dict.get(k, v) if k.startswith(("gpt.", "head.")) else v
+        picked = {k: picked.get(k, v) if k.startswith(("gpt.", "head.")) else v
                   for k, v in own.items()}
         load_state_dict_checked(self, picked, where)
 
@@ -90,8 +98,8 @@ class Critic(ScalarHeadModel):
     """Value of every prefix: values[:, t] estimates the return from position t on.
 
     Initialised from the reward model when one is given (InstructGPT): the trunk already knows
-    what makes a response good, and the RM head gives values on roughly the reward's scale from
-    the first step. A critic built without an RM starts with a zero head, so its first values
+    what makes a response good, and the RM head (with the RM's normalisation folded in) gives
+    values on the reward's scale from the first step. A critic built without an RM starts with a zero head, so its first values
     are 0 and carry no false signal into the advantages.
     """
 

@@ -2,7 +2,11 @@
 
 - `pick_device("auto")` takes CUDA, then Apple's MPS, then the CPU.
 - `autocast(device, dtype)`: mixed precision on CUDA (bf16 where the GPU supports it), plain
-  float32 elsewhere. Weights stay float32; only the matrix multiplies run in low precision.
+  float32 elsewhere. Trained weights stay float32; only the matrix multiplies run in low
+  precision. float16 also needs loss scaling, which `optim.Optimizer` does.
+- `hold_frozen_in(model, dtype)`: a frozen model (PPO's reference and reward model) keeps its
+  Linear weights in the autocast dtype: half the memory, and exactly the numbers autocast
+  would have computed from float32 copies, since it casts them to that dtype anyway.
 - `lr_at(...)`: linear warm-up, then cosine or linear decay.
 - `MetricsLog`: one JSON object per line with "step" and "time", flushed at once so a killed
   run keeps everything it logged. On `--resume` the lines after the checkpoint's step are
@@ -49,8 +53,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.float32
     if name not in DTYPES:
         raise UserError(f"--dtype must be auto, float32, bfloat16 or float16, got {name!r}")
-    if name == "float16" and device.type == "cpu":
-        raise UserError("--dtype float16 is not supported on the CPU; use float32 or bfloat16")
     return DTYPES[name]
 
 
@@ -58,6 +60,24 @@ def autocast(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast the frozen Linear weights and biases of `model` to `dtype` (in place).
+
+    Under autocast to `dtype` this changes no result: autocast casts float32 Linear weights
+    to `dtype` before every matmul. Embeddings and LayerNorms stay float32; the output layer
+    shares the token embedding, so it stays float32 too (logits must be exact, model.py)."""
+    if dtype == torch.float32:
+        return model
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    for m in model.modules():
+        if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2 \
+                and not isinstance(m, torch.nn.Embedding) and id(m.weight) not in embeddings:
+            for p in (m.weight, getattr(m, "bias", None)):
+                if p is not None and not p.requires_grad:
+                    p.data = p.data.to(dtype)
+    return model
 
 
 def seed_everything(seed: int) -> None:

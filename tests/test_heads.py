@@ -76,6 +76,19 @@ def test_critic_loads_the_reward_model_and_starts_from_its_head(rm):
     assert critic(ids, mask).shape == (2, 4)
 
 
+def test_critic_from_a_normalised_reward_model_speaks_in_normalised_units(rm):
+    """PPO's rewards are normalised RM scores, so an RM-initialised critic must start on that
+    scale: its value at the last real token is the normalised score, not the raw one."""
+    rm.set_normalisation(torch.randn(100) * 3.7 + 1.4)  # the default pipeline's raw scale
+    assert abs(rm.gain.item() - 1) > 0.1 and abs(rm.bias.item()) > 0.1
+    critic = Critic(CFG).eval()
+    critic.load_trunk_and_head(rm.state_dict())
+    ids, mask = left_pad([[3, 4, 5, 1], [6, 1]], 0)  # last real token: column 3 in both rows
+    with torch.no_grad():
+        torch.testing.assert_close(critic(ids, mask)[:, -1], rm(ids, mask))
+        assert not torch.allclose(critic(ids, mask)[:, -1], rm(ids, mask, normalise=False))
+
+
 def test_reward_model_learns_a_preference():
     """'responses containing token 7 are preferred': > 90% held-out accuracy in a few dozen steps."""
     g = torch.Generator().manual_seed(0)

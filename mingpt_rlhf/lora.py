@@ -1,0 +1,141 @@
+"""LoRA (Hu et al. 2021, "Low-Rank Adaptation"): train a small update of each chosen weight.
+
+A frozen Linear layer `y = W x + b` becomes
+
+    y = W x + b + (alpha / r) * B (A x),     A: (r, in), B: (out, r), r << in, out
+
+and only A and B are trained. B starts at 0, so the adapted model starts exactly where the
+base model is; A starts small and random, so B's gradient is not 0. For GPT-2 small with
+r = 16 on the attention and MLP projections that is 2.4 M trained parameters instead of 124 M:
+no gradients and no AdamW state (16 bytes per parameter) for the rest.
+
+What the rest of the code relies on:
+- `add_lora(model, rank, alpha, targets)` freezes every parameter of `model` and adapts the
+  Linear layers whose name is in `targets` (default: every attention and MLP projection,
+  `c_attn`, `c_proj`, `c_fc`). The adapted layer keeps the names `weight` and `bias`, so the
+  GPT-2 names of the state dict do not change; the adapters add `lora_A` and `lora_B`.
+  Heads added later (reward, value) are trained as usual.
+- `adapters_disabled(model)`: inside it the model computes with its base weights only. In PPO
+  with LoRA this *is* the reference policy: no second copy of the model is kept.
+- `merged_state_dict(model)`: the state dict with `W + (alpha / r) B A` written into `weight`
+  and no adapter entries: what checkpoints hold as "model", so every later stage (and
+  sampling) reads a LoRA run like any other.
+
+Try it:  python -c "from mingpt_rlhf.model import *; from mingpt_rlhf.lora import *; m=GPT(GPTConfig()); add_lora(m, 8, 16); print(sum(p.numel() for p in m.parameters() if p.requires_grad))"
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import UserError
+
+DEFAULT_TARGETS = ("c_attn", "c_proj", "c_fc")  # every attention and MLP projection of GPT-2
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear layer plus a trainable low-rank update; same `weight` and `bias`."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight.requires_grad_(False)  # the same tensors, not copies
+        self.bias = base.bias.requires_grad_(False) if base.bias is not None else None
+        device = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device))
+        # A as nn.Linear initialises its weight; B = 0 makes the update start at exactly 0
+        bound = 1 / math.sqrt(self.in_features)
+        nn.init.uniform_(self.lora_A, -bound, bound)
+        self.scale = alpha / rank
+        self.enabled = True
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        if self.enabled:
+            y = y + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale  # (.., r) -> (.., out)
+        return y
+
+    def merged_weight(self) -> torch.Tensor:
+        """W + (alpha / r) B A, in float32."""
+        return self.weight.float() + self.scale * (self.lora_B.float() @ self.lora_A.float())
+
+
+def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS) -> int:
+    """Freeze `model` and put adapters on the Linear layers named in `targets`.
+    Returns the number of layers adapted; a name that matches nothing is a UserError."""
+    if rank <= 0:
+        raise UserError(f"--lora_rank must be positive, got {rank}")
+    model.requires_grad_(False)
+    found = set()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if name in targets and isinstance(child, nn.Linear):
+                setattr(parent, name, LoRALinear(child, rank, alpha))
+                found.add(name)
+    missing = set(targets) - found
+    if missing:
+        raise UserError(f"--lora_targets {','.join(sorted(missing))} names no Linear layer of the "
+                        f"model; choose among {','.join(DEFAULT_TARGETS)}")
+    return sum(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """'c_attn,c_fc' -> ('c_attn', 'c_fc')."""
+    targets = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not targets:
+        raise UserError("--lora_targets is empty; name layers such as c_attn,c_proj,c_fc")
+    return targets
+
+
+def check_lora_options(cfg) -> None:
+    """UserError for impossible --lora_rank / --lora_alpha / --lora_targets."""
+    if cfg.lora_rank < 0:
+        raise UserError(f"--lora_rank must be >= 0 (0 = no LoRA), got {cfg.lora_rank}")
+    if cfg.lora_rank > 0 and cfg.lora_alpha <= 0:
+        raise UserError(f"--lora_alpha must be positive, got {cfg.lora_alpha}")
+    parse_targets(cfg.lora_targets)
+
+
+def has_lora(model: nn.Module) -> bool:
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """The base model: every adapter of `model` switched off inside the block."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enabled = True
+
+
+def merged_state_dict(model: nn.Module) -> dict:
+    """The state dict of the model as if it had no adapters: each adapted `weight` replaced
+    by the merged one (float32, on the CPU), `lora_A` / `lora_B` left out."""
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith(("lora_A", "lora_B"))}
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            key = f"{name}.weight" if name else "weight"
+            state[key] = module.merged_weight().detach()
+    return state
+
+
+def trainable_state_dict(model: nn.Module) -> dict:
+    """The parameters that train (adapters, heads): all a LoRA run needs to resume, since the
+    frozen base is rebuilt from where it came from."""
+    return {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+
+
+def base_fingerprint(model: nn.Module) -> float:
+    """A checksum of the frozen weights, to notice when a resumed LoRA run's base changed."""
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in model.parameters() if not p.requires_grad))
