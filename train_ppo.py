@@ -12,6 +12,7 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py                         # built-in task, from out/sft and out/rm
     python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
     python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
+    python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
@@ -26,18 +27,22 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_state_dict_checked,
-                                    resume_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
+                                    load_state_dict_checked, resume_checkpoint, resume_state,
+                                    rng_state, save_checkpoint, set_rng_state,
+                                    weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_positive, run
-from mingpt_rlhf.data import SFTData, encode_prompt, left_pad, load_prompts_jsonl, load_sft_jsonl
+from mingpt_rlhf.data import (SFTData, encode_prompt, holdout_split, left_pad, load_prompts_jsonl,
+                              load_sft_jsonl)
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, RewardModel
+from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
-from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
-                                 seed_everything, set_lr)
+from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+                                 resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import same_tokenizer, tokenizer_from_state
 
@@ -49,7 +54,9 @@ class Config:
     init_from: str = opt("", "actor and reference from GPT-2 weights instead of --sft_dir")
     rm_dir: str = opt("out/rm", "reward model output folder: reward and critic start from it")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
-    prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts")
+    prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts (5%% held out "
+                           "for eval unless --eval_prompts_file)")
+    eval_prompts_file: str = opt("", "held-out JSONL of {prompt} lines for eval (with --prompts)")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     critic: str = opt("separate", "separate (own trunk, from the RM) | shared (value head on the actor)")
     max_iters: int = opt(200, "PPO iterations (rollouts + update)")
@@ -63,7 +70,7 @@ class Config:
                         "log-probs are of the full distribution, so filtering inflates the KL")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
     actor_lr: float = opt(5e-5, "actor learning rate, decayed linearly to 0 (1e-4 can collapse: see README)")
-    critic_lr: float = opt(3e-4, "critic learning rate (separate critic), decayed linearly")
+    critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta towards --kl_target (Ziegler et al. 2019)")
     kl_target: float = opt(6.0, "target KL per response, nats (adaptive KL)")
@@ -87,7 +94,13 @@ class Config:
     eval_prompts: int = opt(200, "held-out prompts sampled at each eval")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
-    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
+                             "fp32; float16 uses loss scaling)")
+    lora_rank: int = opt(0, "LoRA rank for actor and critic (0 = full fine-tuning); with LoRA the "
+                            "reference is the actor with its adapters off")
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -104,9 +117,10 @@ def check_config(cfg: Config):
         raise UserError(f"--top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.kl_coef < 0 or cfg.kl_target <= 0:
         raise UserError("--kl_coef must be >= 0 and --kl_target > 0")
+    check_lora_options(cfg)
 
 
-def load_models(cfg: Config, device):
+def load_models(cfg: Config, device, dtype):
     rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
     rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "run train_rm.py first or pass --rm_dir")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
@@ -119,7 +133,11 @@ def load_models(cfg: Config, device):
 
     # dropout is off in every model (load_policy and below), so the first ratio is exactly 1
     actor = policy.to(device)
-    ref = copy.deepcopy(actor).requires_grad_(False)
+    if cfg.lora_rank > 0:
+        add_lora(actor, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
+        ref = None  # the actor with its adapters switched off: no second copy of the model
+    else:
+        ref = copy.deepcopy(actor).requires_grad_(False)
     rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
     load_state_dict_checked(rm, rm_ckpt["model"], rm_path)
     rm.gpt.set_dropout(0.0)
@@ -127,15 +145,37 @@ def load_models(cfg: Config, device):
     critic = value_head = None
     if cfg.critic == "separate":
         critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
-        critic.load_trunk_and_head(rm_ckpt["model"], rm_path)
+        critic.load_trunk_and_head(rm_ckpt["model"], rm_path)  # in normalised reward units
         critic.gpt.set_dropout(0.0)
+        if cfg.lora_rank > 0:
+            add_lora(critic.gpt, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
         critic.to(device)
+        critic.gpt.grad_checkpoint = cfg.grad_checkpoint
     else:
         # the actor's trunk is not the RM's, so the RM's head means nothing on it: start at 0
         value_head = torch.nn.Linear(actor.config.n_embd, 1).to(device)
         torch.nn.init.zeros_(value_head.weight)
         torch.nn.init.zeros_(value_head.bias)
+    actor.grad_checkpoint = cfg.grad_checkpoint
+    # frozen weights (reference, reward model, LoRA bases) in the autocast dtype: less memory,
+    # the same numbers (runtime.hold_frozen_in)
+    for model in (actor, ref, rm, critic):
+        if model is not None:
+            hold_frozen_in(model, dtype)
     return tokenizer, actor, ref, rm, critic, value_head
+
+
+def prompt_splits(cfg: Config, task) -> tuple[list[str], list[str]]:
+    """(training prompts, held-out eval prompts): the task's splits, or --prompts with
+    --eval_prompts_file, or --prompts with 5 % of it held out (an eval on prompts the policy
+    trains on would flatter it)."""
+    if task is not None:
+        train, held_out = task.prompts("train"), task.prompts("eval")
+    elif cfg.eval_prompts_file:
+        train, held_out = load_prompts_jsonl(cfg.prompts), load_prompts_jsonl(cfg.eval_prompts_file)
+    else:
+        train, held_out = holdout_split(load_prompts_jsonl(cfg.prompts), cfg.seed)
+    return train, held_out[:cfg.eval_prompts]
 
 
 def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
@@ -154,16 +194,11 @@ def main(cfg: Config) -> dict:
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
 
     # ---- models
-    tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device)
+    tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
 
     # ---- data: prompts to roll out on, held-out prompts, demonstrations for ptx
     task = None if cfg.prompts else get_task(cfg.task, seed=cfg.seed)
-    if task is not None:
-        train_prompts, eval_prompts = task.prompts("train"), task.prompts("eval")
-    else:
-        train_prompts = load_prompts_jsonl(cfg.prompts)
-        eval_prompts = train_prompts[:cfg.eval_prompts]
-    eval_prompts = eval_prompts[:cfg.eval_prompts]
+    train_prompts, eval_prompts = prompt_splits(cfg, task)
     ptx_data = None
     if cfg.ptx_coef > 0:
         demos = load_sft_jsonl(cfg.ptx_data) if cfg.ptx_data else (task.sft_examples("train") if task else None)
@@ -186,14 +221,17 @@ def main(cfg: Config) -> dict:
 
     trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
-                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype))
-    prompt_gen = torch.Generator().manual_seed(cfg.seed)            # which prompts
-    rollout_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # sampling, shuffling
+                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype)
+    prompt_gen = torch.Generator().manual_seed(cfg.seed)                    # which prompts
+    # sampling needs a generator on the model's device; randperm / randint (minibatch order,
+    # ptx batches) build CPU tensors and refuse a CUDA one, so they get a CPU generator
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
     step = 0
     if resumed:
-        load_state_dict_checked(actor, resumed["actor"], ckpt_path)
+        load_resume_state(actor, resumed["actor"], ckpt_path)
         if critic is not None:
-            load_state_dict_checked(critic, resumed["critic"], ckpt_path)
+            load_resume_state(critic, resumed["critic"], ckpt_path)
         else:
             load_state_dict_checked(value_head, resumed["value_head"], ckpt_path)
         trainer.actor_opt.load_state_dict(resumed["actor_opt"])
@@ -201,25 +239,30 @@ def main(cfg: Config) -> dict:
             trainer.critic_opt.load_state_dict(resumed["critic_opt"])
         kl_ctl.value = resumed["kl_coef"]
         prompt_gen.set_state(resumed["prompt_rng"])
-        rollout_gen.set_state(resumed["rollout_rng"])
+        sample_gen.set_state(resumed["sample_rng"])
+        shuffle_gen.set_state(resumed["shuffle_rng"])
         set_rng_state(resumed["rng"])
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
-    print(f"actor {actor.num_params() / 1e6:.2f}M params, critic {cfg.critic}, "
-          f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts, device {device}")
+    trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
+    print(f"actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), critic "
+          f"{cfg.critic}, {len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
+          f"device {device}, {str(dtype).replace('torch.', '')}")
 
     def save(step: int):
         save_checkpoint(ckpt_path, {
-            "stage": "ppo", "actor": actor.state_dict(), "model": actor.state_dict(),
+            "stage": "ppo", "model": weights_for_later_stages(actor),
             "model_config": asdict(actor.config), "tokenizer": tokenizer.state_dict(),
-            "critic": critic.state_dict() if critic is not None else None,
+            "actor": resume_state(actor),
+            "critic": resume_state(critic) if critic is not None else None,
             "value_head": value_head.state_dict() if value_head is not None else None,
             "actor_opt": trainer.actor_opt.state_dict(),
             "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
             "kl_coef": kl_ctl.value, "step": step, "rng": rng_state(),
-            "prompt_rng": prompt_gen.get_state(), "rollout_rng": rollout_gen.get_state(),
+            "prompt_rng": prompt_gen.get_state(), "sample_rng": sample_gen.get_state(),
+            "shuffle_rng": shuffle_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
     def batch_of_prompts(indices):
@@ -257,14 +300,15 @@ def main(cfg: Config) -> dict:
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="ppo",
                dynamic_ncols=True)
     for step in bar:
-        # linear decay of both learning rates to 0 over the run
-        set_lr(trainer.actor_opt, lr_at(step, cfg.max_iters, cfg.actor_lr, 0, "linear"))
+        # linear decay of every learning rate to 0 over the run
+        scale = lr_at(step, cfg.max_iters, 1.0, 0, "linear")
+        trainer.actor_opt.set_lr_scale(scale)
         if trainer.critic_opt is not None:
-            set_lr(trainer.critic_opt, lr_at(step, cfg.max_iters, cfg.critic_lr, 0, "linear"))
+            trainer.critic_opt.set_lr_scale(scale)
         batches = [batch_of_prompts(torch.randint(len(encoded_prompts), (cfg.rollout_batch_size,),
                                                   generator=prompt_gen).tolist())
                    for _ in range(cfg.rollouts_per_update)]
-        experiences, stats = trainer.step(batches, rollout_gen)
+        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]

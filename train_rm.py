@@ -10,6 +10,10 @@ policy), so that PPO starts from rewards on a known scale.
 
     python train_rm.py                         # built-in task, from out/sft
     python train_rm.py --data prefs.jsonl      # {"prompt", "chosen", "rejected"} lines (HH, trl)
+    python train_rm.py --lora_rank 16 --grad_accum 4 --grad_checkpoint   # less memory
+
+With `--lora_rank` the trunk trains low-rank adapters and the head is trained in full; the
+checkpoint holds the merged weights, so PPO reads it like any other.
 
 Writes out_dir/ckpt.pt (reward model, normalisation, tokenizer, optimizer, step, RNG, which
 SFT checkpoint it came from) and out_dir/metrics.jsonl with loss, acc, eval_acc, and on the
@@ -22,15 +26,18 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_policy, load_state_dict_checked, resume_checkpoint,
-                                    rng_state, save_checkpoint, set_rng_state)
+from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, resume_checkpoint,
+                                    resume_state, rng_state, save_checkpoint, set_rng_state,
+                                    weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import encode_example, holdout_split, load_preference_jsonl, right_pad
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
-from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
-                                 seed_everything, set_lr)
+from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+                                 resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS
 
@@ -45,7 +52,9 @@ class Config:
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
     n_pairs: int = opt(24000, "built-in task: number of training pairs the labeller makes")
     epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
-    batch_size: int = opt(32, "pairs per optimizer step")
+    batch_size: int = opt(32, "pairs per micro-batch (an optimizer step sees batch_size x "
+                              "grad_accum)")
+    grad_accum: int = opt(1, "micro-batches whose gradients add up to one optimizer step")
     lr: float = opt(3e-4, "peak learning rate (AdamW), decayed linearly to 0")
     warmup_iters: int = opt(20, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay on matrices")
@@ -57,7 +66,12 @@ class Config:
     max_new_tokens: int = opt(32, "longest response sampled for normalisation")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
-    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
+                             "fp32; float16 uses loss scaling)")
+    lora_rank: int = opt(0, "LoRA rank for the trunk (0 = train every weight); the head always trains")
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -142,9 +156,11 @@ def sft_sample_scores(policy, model, tokenizer, prompts, cfg, ctx):
 
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
-    require_positive(cfg, "epochs", "batch_size", "eval_interval", "max_new_tokens")
+    require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "max_new_tokens")
+    check_lora_options(cfg)
     device = pick_device(cfg.device)
-    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    dtype = resolve_dtype(cfg.dtype, device)
+    ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
@@ -160,22 +176,27 @@ def main(cfg: Config) -> dict:
         else:
             train_pairs, eval_pairs = holdout_split(train_pairs, cfg.seed)
 
-    # ---- model: the SFT trunk + a fresh head (or everything from the checkpoint on resume)
+    # ---- model: the SFT trunk + a fresh head (what trained comes back from the checkpoint
+    # on resume)
     model = RewardModel(policy.config)
+    model.gpt.load_state_dict(policy.state_dict())
+    if cfg.lora_rank > 0:
+        add_lora(model.gpt, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
     if resumed:
-        load_state_dict_checked(model, resumed["model"], ckpt_path)
-    else:
-        model.gpt.load_state_dict(policy.state_dict())
+        load_resume_state(model, resumed["resume"], ckpt_path)
     model.gpt.set_dropout(cfg.dropout)
-    model.to(device)
+    model.gpt.grad_checkpoint = cfg.grad_checkpoint
+    hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
     block = model.config.block_size
     train_data = PairData(tokenizer, train_pairs, block)
     eval_data = PairData(tokenizer, eval_pairs, block)
     if train_data.skipped:
         print(f"skipped {train_data.skipped} pairs that do not fit block_size {block}")
-    steps_per_epoch = len(train_data) // cfg.batch_size
+    pairs_per_step = cfg.batch_size * cfg.grad_accum
+    steps_per_epoch = len(train_data) // pairs_per_step
     if steps_per_epoch == 0:
-        raise UserError(f"{len(train_data)} pairs are fewer than --batch_size {cfg.batch_size}")
+        raise UserError(f"{len(train_data)} pairs are fewer than --batch_size x --grad_accum "
+                        f"({pairs_per_step})")
     max_iters = steps_per_epoch * cfg.epochs
     print(f"{len(train_data)} train / {len(eval_data)} eval pairs, {max_iters} steps, device {device}")
     if task is not None:
@@ -183,9 +204,9 @@ def main(cfg: Config) -> dict:
               f"of the held-out labels (the labeller is noisy)")
 
     # ---- optimizer
-    optimizer = torch.optim.AdamW(model.gpt.optim_groups(cfg.weight_decay)
-                                  + [{"params": list(model.head.parameters()), "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
+    groups = model.gpt.optim_groups(cfg.weight_decay) + [
+        {"params": list(model.head.parameters()), "weight_decay": 0.0}]
+    optimizer = Optimizer([dict(g, lr=cfg.lr) for g in groups], dtype, device, cfg.grad_clip)
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
@@ -196,7 +217,8 @@ def main(cfg: Config) -> dict:
 
     def save(step: int, normalised: bool = False):
         save_checkpoint(ckpt_path, {
-            "stage": "rm", "model": model.state_dict(), "model_config": asdict(model.config),
+            "stage": "rm", "model": weights_for_later_stages(model),
+            "model_config": asdict(model.config), "resume": resume_state(model),
             "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
             "step": step, "rng": rng_state(), "time": log.elapsed(), "config": asdict(cfg),
             "normalised": normalised,
@@ -214,22 +236,24 @@ def main(cfg: Config) -> dict:
     for step in bar:
         epoch, k = divmod(step, steps_per_epoch)
         order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-        idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size].tolist()
-        lr = lr_at(step, max_iters, cfg.lr, cfg.warmup_iters, "linear")
-        set_lr(optimizer, lr)
-        ids, mask = train_data.batch(idx)
-        with ctx:
-            # one forward for chosen and rejected together, then split the scores
-            scores = model(ids.to(device), mask.to(device), normalise=False).float()  # (2B,)
-        chosen, rejected = scores[:len(idx)], scores[len(idx):]
-        loss = pairwise_loss(chosen, rejected, cfg.margin)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        step_pairs = order[k * pairs_per_step:(k + 1) * pairs_per_step]
+        scale = lr_at(step, max_iters, 1.0, cfg.warmup_iters, "linear")
+        optimizer.set_lr_scale(scale)
+        lr = cfg.lr * scale
+        loss, correct = 0.0, 0
+        for idx in step_pairs.split(cfg.batch_size):  # micro-batches: their gradients add up
+            ids, mask = train_data.batch(idx.tolist())
+            with ctx:
+                # one forward for chosen and rejected together, then split the scores
+                scores = model(ids.to(device), mask.to(device), normalise=False).float()  # (2B,)
+            chosen, rejected = scores[:len(idx)], scores[len(idx):]
+            micro = pairwise_loss(chosen, rejected, cfg.margin) / cfg.grad_accum
+            optimizer.backward(micro)
+            loss = loss + micro.detach()
+            correct = correct + (chosen > rejected).sum()  # no sync until logged
         optimizer.step()
         if step % 10 == 0:
-            acc = (chosen > rejected).float().mean().item()
+            acc = correct.item() / pairs_per_step
             log.log(step, loss=loss.item(), acc=acc, lr=lr)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < max_iters:

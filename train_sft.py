@@ -7,6 +7,12 @@ that the reward model starts from and that PPO fine-tunes, and the frozen refere
     python train_sft.py                        # built-in "reviews" task, tiny GPT, ~1 min on CPU
     python train_sft.py --data demos.jsonl     # your {"prompt", "response"} or {"text"} lines
     python train_sft.py --init_from gpt2 --data demos.jsonl   # start from GPT-2 weights
+    python train_sft.py --init_from gpt2 --data demos.jsonl --lora_rank 16 --grad_accum 4
+
+At a 50k vocabulary the loss applies the output layer to the target positions only, in
+float32 chunks (mingpt_rlhf/logprobs.py). `--grad_accum` adds up the gradients of several
+micro-batches per optimizer step, `--grad_checkpoint` recomputes activations in backward, and
+`--lora_rank` trains low-rank adapters instead of every weight (mingpt_rlhf/lora.py).
 
 Writes out_dir/ckpt.pt (model, tokenizer, optimizer, step, RNG) and out_dir/metrics.jsonl.
 """
@@ -15,18 +21,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_state_dict_checked, resume_checkpoint, rng_state,
-                                    save_checkpoint, set_rng_state)
+from mingpt_rlhf.checkpoint import (load_resume_state, resume_checkpoint, resume_state, rng_state,
+                                    save_checkpoint, set_rng_state, weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
+from mingpt_rlhf.logprobs import lm_loss
+from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
-from mingpt_rlhf.runtime import (MetricsLog, autocast, lr_at, pick_device, resolve_dtype,
-                                 seed_everything, set_lr)
+from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+                                 resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 
@@ -43,7 +51,9 @@ class Config:
     n_embd: int = opt(128, "embedding width (new model only)")
     block_size: int = opt(64, "longest prompt + response in tokens (new model only)")
     dropout: float = opt(0.0, "dropout probability while training")
-    batch_size: int = opt(64, "sequences per optimizer step")
+    batch_size: int = opt(64, "sequences per micro-batch (an optimizer step sees "
+                              "batch_size x grad_accum)")
+    grad_accum: int = opt(1, "micro-batches whose gradients add up to one optimizer step")
     max_iters: int = opt(800, "optimizer steps")
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
     warmup_iters: int = opt(50, "linear warm-up steps, then cosine decay to lr/10")
@@ -56,19 +66,25 @@ class Config:
     temperature: float = opt(1.0, "sampling temperature of the eval samples")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
-    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else fp32)")
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
+                             "fp32; float16 uses loss scaling)")
+    lora_rank: int = opt(0, "LoRA rank (0 = train every weight); checkpoints hold merged weights")
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
 def check_config(cfg: Config):
-    require_positive(cfg, "n_layer", "n_head", "n_embd", "block_size",
-                     "batch_size", "max_iters", "eval_interval", "max_new_tokens")
+    require_positive(cfg, "n_layer", "n_head", "n_embd", "block_size", "batch_size",
+                     "grad_accum", "max_iters", "eval_interval", "max_new_tokens")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"--n_embd {cfg.n_embd} must be divisible by --n_head {cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.temperature < 0:
         raise UserError(f"--temperature must be >= 0, got {cfg.temperature}")
+    check_lora_options(cfg)
 
 
 def load_demonstrations(cfg: Config, task):
@@ -92,14 +108,13 @@ def make_tokenizer(cfg: Config, task, train_pairs):
 
 @torch.no_grad()
 def eval_loss(model, data: SFTData, batch_size, device, ctx) -> float:
+    """Mean next-token loss (nats per target token) over every example of `data`."""
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(data), batch_size):
         inputs, targets = data.batch(range(i, min(i + batch_size, len(data))))
         with ctx:
-            logits = model(inputs.to(device))
-        total += F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(),
-                                 ignore_index=IGNORE, reduction="sum").item()
+            total += lm_loss(model, inputs.to(device), targets.to(device), reduction="sum").item()
         count += (targets != IGNORE).sum().item()
     model.train()
     return total / max(1, count)
@@ -122,22 +137,20 @@ def main(cfg: Config) -> dict:
     else:
         tokenizer = make_tokenizer(cfg, task, train_pairs)
 
-    # ---- model
-    if resumed:
-        # build from the flags (or, for GPT-2, the saved shape), so that resuming with other
-        # model options fails naming the tensor that does not fit
-        shape = resumed["model_config"] if cfg.init_from else dict(
-            vocab_size=tokenizer.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
-            n_head=cfg.n_head, n_embd=cfg.n_embd)
-        model = GPT(GPTConfig(**shape))
-        load_state_dict_checked(model, resumed["model"], ckpt_path)
-    elif cfg.init_from:
+    # ---- model: built as the first run built it (so resuming with other model options
+    # fails naming the tensor that does not fit, and a LoRA run finds its base again)
+    if cfg.init_from:
         model = GPT.from_pretrained(cfg.init_from, vocab_size=tokenizer.vocab_size)
     else:
         model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=cfg.block_size,
                               n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd))
+    if cfg.lora_rank > 0:
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
+    if resumed:
+        load_resume_state(model, resumed["resume"], ckpt_path)
     model.set_dropout(cfg.dropout)
-    model.to(device)
+    model.grad_checkpoint = cfg.grad_checkpoint
+    hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
     block_size = model.config.block_size
     train_data = SFTData(tokenizer, train_pairs, block_size, cfg.loss_on_prompt)
     eval_data = SFTData(tokenizer, eval_pairs, block_size, cfg.loss_on_prompt)
@@ -145,12 +158,14 @@ def main(cfg: Config) -> dict:
         print(f"skipped {train_data.skipped} demonstrations whose response does not fit "
               f"block_size {block_size}")
     eval_prompts = [p for p, _ in eval_pairs][:cfg.eval_prompts] if task else []
-    print(f"{model.num_params() / 1e6:.2f}M parameters, vocab {tokenizer.vocab_size}, "
-          f"{len(train_data)} train / {len(eval_data)} eval demonstrations, device {device}")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"{model.num_params() / 1e6:.2f}M parameters ({trained / 1e6:.2f}M trained), vocab "
+          f"{tokenizer.vocab_size}, {len(train_data)} train / {len(eval_data)} eval "
+          f"demonstrations, device {device}")
 
     # ---- optimizer
-    optimizer = torch.optim.AdamW(model.optim_groups(cfg.weight_decay), lr=cfg.lr,
-                                  betas=(0.9, 0.95), fused=device.type in ("cpu", "cuda"))
+    groups = [dict(g, lr=cfg.lr) for g in model.optim_groups(cfg.weight_decay)]
+    optimizer = Optimizer(groups, dtype, device, cfg.grad_clip)
     batch_gen = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if resumed:
@@ -178,7 +193,8 @@ def main(cfg: Config) -> dict:
 
     def save(step: int):
         save_checkpoint(ckpt_path, {
-            "stage": "sft", "model": model.state_dict(), "model_config": asdict(model.config),
+            "stage": "sft", "model": weights_for_later_stages(model),
+            "model_config": asdict(model.config), "resume": resume_state(model),
             "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
             "step": step, "rng": rng_state(), "batch_rng": batch_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg)})
@@ -188,19 +204,17 @@ def main(cfg: Config) -> dict:
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="sft",
                dynamic_ncols=True)
     for step in bar:
-        lr = lr_at(step, cfg.max_iters, cfg.lr, cfg.warmup_iters, "cosine", min_ratio=0.1)
-        set_lr(optimizer, lr)
-        idx = torch.randint(len(train_data), (cfg.batch_size,), generator=batch_gen)
-        inputs, targets = train_data.batch(idx.tolist())
-        inputs, targets = inputs.to(device), targets.to(device)
-        with ctx:
-            # right padding needs no attention mask: a causal model never looks right
-            logits = model(inputs)  # (B, T, V); logits[:, t] predicts token t + 1 = targets[:, t]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scale = lr_at(step, cfg.max_iters, 1.0, cfg.warmup_iters, "cosine", min_ratio=0.1)
+        optimizer.set_lr_scale(scale)
+        lr = cfg.lr * scale
+        loss = 0.0
+        for _ in range(cfg.grad_accum):  # micro-batches: their gradients add up
+            idx = torch.randint(len(train_data), (cfg.batch_size,), generator=batch_gen)
+            inputs, targets = train_data.batch(idx.tolist())  # targets[:, t] = token t + 1
+            with ctx:
+                micro = lm_loss(model, inputs.to(device), targets.to(device)) / cfg.grad_accum
+            optimizer.backward(micro)
+            loss = loss + micro.detach()
         optimizer.step()
         if step % 10 == 0:
             log.log(step, loss=loss.item(), lr=lr)

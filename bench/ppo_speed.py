@@ -87,12 +87,13 @@ def main():
     trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=None, pad_id=0, kl_ctl=FixedKLController(cfg.kl_coef),
                          amp=lambda: autocast(torch.device("cpu"), DTYPES[args.dtype]))
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)          # prompts and sampling
+    shuffle = torch.Generator().manual_seed(1)    # minibatch order
     times = []
     for i in range(args.warmup + args.iters):
         prompts = torch.randint(0, 64, (64, 16), generator=g)
         t = time.time()
-        exps, stats = trainer.step([(prompts, torch.ones_like(prompts))], g)
+        exps, stats = trainer.step([(prompts, torch.ones_like(prompts))], g, shuffle)
         total = time.time() - t
         assert exps[0].action_mask.shape == (64, 32) and exps[0].action_mask.all()
         assert stats["minibatch_steps"] == 16

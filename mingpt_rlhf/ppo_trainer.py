@@ -14,8 +14,18 @@ policy + vf_coef * value).
 
 All models run with dropout off, so on the first minibatch of the first epoch the new
 log-probs equal the stored ones: ratio 1, approx-KL 0. That is PPO's first sanity check.
-The same `temperature` divides the logits when sampling and when computing log-probs, or the
-stored log-probs would not be those of the policy that sampled ("negative KL").
+The same `temperature` divides the logits when sampling and when computing log-probs, and
+PAD is excluded from both, or the stored log-probs would not be those of the policy that
+sampled ("negative KL").
+
+With LoRA (`lora.py`) the reference is not a model of its own: it is the actor with its
+adapters switched off (`ref=None`). Log-probs come from `logprobs.py`, which applies the
+output layer to response positions only, in chunks, in float32.
+
+Two random generators, because they live on different devices: `sample_gen` draws the
+tokens (on the model's device: CUDA sampling needs a CUDA generator), `shuffle_gen` orders
+the minibatches and picks the ptx batches (on the CPU: `randperm` and `randint` build CPU
+tensors and refuse a CUDA generator).
 """
 from __future__ import annotations
 
@@ -23,58 +33,83 @@ import contextlib
 import time
 
 import torch
-import torch.nn.functional as F
 
-from .data import IGNORE
+from .logprobs import lm_logprobs, lm_loss
+from .lora import adapters_disabled, has_lora
+from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  masked_mean, masked_whiten, policy_loss, token_logprobs, value_loss)
+                  masked_mean, masked_whiten, policy_loss, value_loss)
 from .sampling import generate
+
+
+def trainable(module) -> list:
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 class PPOTrainer:
     def __init__(self, cfg, actor, ref, reward_fn, critic=None, value_head=None,
                  eos_id: int | None = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None,
-                 amp=contextlib.nullcontext):
+                 amp=contextlib.nullcontext, dtype: torch.dtype = torch.float32):
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
         `value_head` (shared, a Linear(n_embd, 1) on the actor's trunk), not both.
+        `ref=None` with a LoRA actor: the reference is the actor with its adapters off.
         `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores.
         `amp()` gives the mixed-precision context for forward passes. It must not span an
         optimizer step: autocast caches low-precision copies of the weights for as long as
-        it is open, and they would go stale after the update."""
+        it is open, and they would go stale after the update. `dtype` is autocast's dtype
+        (float16 turns on loss scaling)."""
         assert (critic is None) != (value_head is None), "give a critic or a value head"
+        assert ref is not None or has_lora(actor), "ref=None needs a LoRA actor"
         self.cfg, self.actor, self.ref, self.reward_fn = cfg, actor, ref, reward_fn
         self.critic, self.value_head = critic, value_head
         self.eos_id, self.pad_id = eos_id, pad_id
+        # a PAD of its own is never sampled, so its probability is 0 in the log-probs too
+        self.suppress = pad_id if pad_id != eos_id else None
         self.kl_ctl, self.ptx_data, self.amp = kl_ctl, ptx_data, amp
-        actor_params = list(actor.parameters())
-        if value_head is not None:
-            actor_params += list(value_head.parameters())
-        # fused: one kernel for the whole update instead of ~10 small ops per parameter
         device = next(actor.parameters()).device
-        adam = dict(betas=(0.9, 0.95), weight_decay=0.0, fused=device.type in ("cpu", "cuda"))
-        self.actor_opt = torch.optim.AdamW(actor_params, lr=cfg.actor_lr, **adam)
-        self.critic_opt = (torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, **adam)
+        # a shared value head learns at critic_lr in the actor's optimizer (its own group)
+        groups = [{"params": trainable(actor), "lr": cfg.actor_lr, "weight_decay": 0.0}]
+        if value_head is not None:
+            groups.append({"params": trainable(value_head), "lr": cfg.critic_lr, "weight_decay": 0.0})
+        self.actor_opt = Optimizer(groups, dtype, device, cfg.grad_clip)
+        self.critic_opt = (Optimizer([{"params": trainable(critic), "lr": cfg.critic_lr,
+                                       "weight_decay": 0.0}], dtype, device, cfg.grad_clip)
                            if critic is not None else None)
         self.buffer = ReplayBuffer(pad_id)
         self.skipped_updates = 0  # updates skipped for a non-finite loss (should stay 0)
 
     # ------------------------------------------------------------------ forward passes
-    def policy_and_values(self, sequences, attention_mask, T: int):
-        """Response-aligned logits (B, N, V) / temperature and values (B, N).
+    def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
+                          with_values: bool = True):
+        """Log-probs (B, N) of the response tokens under the actor, their entropy (or None)
+        and the values (B, N) (None when `with_values` is False and the critic is separate).
 
         Column i scores the i-th response token, so it comes from position T - 1 + i: the
-        logit and the value *before* the token was chosen."""
-        hidden = self.actor.trunk(sequences, attention_mask)           # (B, T + N, C)
-        hidden = hidden[:, T - 1:-1]                                    # (B, N, C)
-        logits = self.actor.lm_head(hidden) / self.cfg.temperature      # (B, N, V)
+        hidden state (and the value) *before* the token was chosen."""
+        hidden = self.actor.trunk(sequences, attention_mask)[:, T - 1:-1]  # (B, N, C)
+        logprobs, ent = lm_logprobs(self.actor, hidden, sequences[:, T:], self.cfg.temperature,
+                                    self.suppress, entropy)
         if self.value_head is not None:
-            values = self.value_head(hidden).squeeze(-1)               # (B, N)
+            values = self.value_head(hidden).squeeze(-1)                    # (B, N)
         else:
-            values = self.critic(sequences, attention_mask)[:, T - 1:-1]
-        return logits, values
+            values = self.critic_values(sequences, attention_mask, T) if with_values else None
+        return logprobs, ent, values
+
+    def critic_values(self, sequences, attention_mask, T: int):
+        """(B, N) values of the separate critic at the positions before each response token."""
+        return self.critic(sequences, attention_mask)[:, T - 1:-1]
+
+    def ref_logprobs(self, sequences, attention_mask, T: int):
+        """(B, N) log-probs of the response tokens under the frozen reference."""
+        model = self.ref if self.ref is not None else self.actor
+        with adapters_disabled(model) if self.ref is None else contextlib.nullcontext():
+            hidden = model.trunk(sequences, attention_mask)[:, T - 1:-1]
+            return lm_logprobs(model, hidden, sequences[:, T:], self.cfg.temperature,
+                               self.suppress)[0]
 
     @torch.no_grad()
     def make_experience(self, prompt_ids, prompt_mask, generator=None) -> tuple[Experience, dict]:
+        """One rollout batch: sample with `generator` (on the model's device), then score."""
         cfg = self.cfg
         t0 = time.time()
         with self.amp():
@@ -87,14 +122,19 @@ class PPOTrainer:
         responses = seqs[:, T:]                                         # (B, N)
         action_mask = out.action_mask[:, T:].float()                    # (B, N)
 
-        with self.amp():
-            logits, values = self.policy_and_values(seqs, attn, T)
-            ref_logits = self.ref(seqs, attn)[:, T - 1:-1] / cfg.temperature
-            raw = self.reward_fn(seqs, attn, action_mask).float()
-        logprobs, entropy = token_logprobs(logits, responses, with_entropy=True)
-        logprobs = logprobs * action_mask
-        ref_logprobs = token_logprobs(ref_logits, responses) * action_mask
-        values = values.float() * action_mask
+        # score in slices of minibatch_size rows: the activations of a whole rollout batch of
+        # long sequences would set the peak memory of the iteration
+        parts = []
+        for i in range(0, len(seqs), cfg.minibatch_size):
+            rows = slice(i, i + cfg.minibatch_size)
+            with self.amp():
+                lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
+                ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)
+                raw = self.reward_fn(seqs[rows], attn[rows], action_mask[rows])
+            parts.append((lp, ent, val.float(), ref_lp, raw.float()))
+        logprobs, entropy, values, ref_logprobs, raw = (torch.cat(x) for x in zip(*parts))
+        logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
+        values = values * action_mask
 
         scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
         if self.eos_id is None:  # a task without EOS: every response is complete
@@ -129,29 +169,31 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ learning
     def ptx_loss(self, generator=None):
-        """Language-model loss on a batch of demonstrations (InstructGPT's PPO-ptx)."""
+        """Language-model loss on a batch of demonstrations (InstructGPT's PPO-ptx). The batch
+        is drawn with `generator`, a CPU generator."""
         idx = torch.randint(len(self.ptx_data), (self.cfg.minibatch_size,), generator=generator)
         inputs, targets = self.ptx_data.batch(idx.tolist())
         device = next(self.actor.parameters()).device
         with self.amp():
-            logits = self.actor(inputs.to(device))
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(),
-                               ignore_index=IGNORE)
+            return lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
 
     def learn(self, generator=None) -> dict:
-        """ppo_epochs over the replay buffer, then clear it."""
+        """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
+        minibatches and picks the ptx batches."""
         cfg = self.cfg
         t0 = time.time()
         totals, n = {}, 0
         use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
+        entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
         stopped = False
         for epoch in range(cfg.ppo_epochs):
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator):
+                # each backward runs as soon as its loss exists, so at most one graph of
+                # activations (actor, ptx batch or critic) is alive at a time
                 with self.amp():
-                    logits, values = self.policy_and_values(mb.sequences, mb.attention_mask,
-                                                            mb.prompt_len)
-                responses = mb.sequences[:, mb.prompt_len:]
-                logprobs, entropy = token_logprobs(logits, responses, with_entropy=True)
+                    logprobs, entropy, values = self.policy_and_values(
+                        mb.sequences, mb.attention_mask, mb.prompt_len, entropy_mode,
+                        with_values=False)
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range)
                 if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
@@ -159,19 +201,24 @@ class PPOTrainer:
                     # stop the update here, before this minibatch moves it further
                     stopped = True
                     break
-                vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
-                                     cfg.clip_range_value)
                 entropy = masked_mean(entropy, mb.action_mask)
                 actor_loss = pg_loss - cfg.entropy_coef * entropy
-                ptx = self.ptx_loss(generator) if use_ptx else torch.zeros(())
-                if use_ptx:
-                    actor_loss = actor_loss + cfg.ptx_coef * ptx
                 if self.critic is None:  # shared trunk: one loss, one optimizer
-                    self._step(self.actor_opt, actor_loss + cfg.vf_coef * vf_loss)
-                else:
-                    self._step(self.actor_opt, actor_loss)
+                    vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
+                                         cfg.clip_range_value)
+                    actor_loss = actor_loss + cfg.vf_coef * vf_loss
+                # ptx: the gradients of the LM loss on demonstrations add to the policy's; its
+                # forward runs after the policy's backward, so the two graphs never coexist
+                ptx_term = (lambda: cfg.ptx_coef * self.ptx_loss(generator)) if use_ptx else None
+                ptx = self._step(self.actor_opt, actor_loss, ptx_term)
+                if self.critic is not None:
+                    with self.amp():
+                        values = self.critic_values(mb.sequences, mb.attention_mask, mb.prompt_len)
+                    vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
+                                         cfg.clip_range_value)
                     self._step(self.critic_opt, vf_loss)
-                figures = {"pg_loss": pg_loss, "vf_loss": vf_loss, "ptx_loss": ptx,
+                figures = {"pg_loss": pg_loss, "vf_loss": vf_loss,
+                           "ptx_loss": ptx / cfg.ptx_coef if ptx is not None else torch.zeros(()),
                            "clipfrac": clipfrac, "approx_kl": approx_kl,
                            "policy_entropy": entropy}
                 for k, v in figures.items():
@@ -185,32 +232,42 @@ class PPOTrainer:
                      t_learn=time.time() - t0)
         return stats
 
-    def _step(self, optimizer, loss):
+    def _step(self, optimizer: Optimizer, loss, extra_loss=None):
+        """Backward `loss`, then (if given) compute `extra_loss()` and backward it too, then one
+        optimizer step on the summed gradients. Returns the extra loss (detached) or None.
+        A non-finite loss skips the whole step: better than writing NaN into the weights."""
         if not torch.isfinite(loss):
-            # a runaway ratio or a degenerate batch: skip this update rather than write NaN
-            # into the weights, and count it so the log shows it happened
+            # a runaway ratio or a degenerate batch: skip this update, and count it so the
+            # log shows it happened
             self.skipped_updates += 1
-            return
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip, foreach=True)
+            return None
+        optimizer.backward(loss)
+        extra = None
+        if extra_loss is not None:
+            extra = extra_loss()
+            if not torch.isfinite(extra):
+                optimizer.adamw.zero_grad(set_to_none=True)
+                self.skipped_updates += 1
+                return None
+            optimizer.backward(extra)
+            extra = extra.detach()
         optimizer.step()
+        return extra
 
     # ------------------------------------------------------------------ one iteration
-    def step(self, prompt_batches, generator=None) -> tuple[list[Experience], dict]:
-        """Rollouts for each (prompt_ids, prompt_mask) batch, one update, KL coefficient update."""
+    def step(self, prompt_batches, sample_gen=None, shuffle_gen=None) -> tuple[list[Experience], dict]:
+        """Rollouts for each (prompt_ids, prompt_mask) batch, one update, KL coefficient update.
+        `sample_gen` draws tokens (model's device), `shuffle_gen` orders minibatches (CPU)."""
         experiences, roll = [], []
         for ids, mask in prompt_batches:
-            exp, stats = self.make_experience(ids, mask, generator)
+            exp, stats = self.make_experience(ids, mask, sample_gen)
             self.buffer.add(exp)
             experiences.append(exp)
             roll.append(stats)
         stats = {k: sum(s[k] for s in roll) / len(roll) for k in roll[0]}
         stats["t_generate"] = sum(s["t_generate"] for s in roll)
         stats["t_score"] = sum(s["t_score"] for s in roll)
-        stats.update(self.learn(generator))
+        stats.update(self.learn(shuffle_gen))
         n_samples = sum(len(e.scores) for e in experiences)
         self.kl_ctl.update(stats["kl"], n_samples)
         return experiences, stats

@@ -71,9 +71,8 @@ def test_ratio_is_one_and_approx_kl_zero_on_the_first_minibatch(shared):
     exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
     tr.buffer.add(exp)
     mb = next(tr.buffer.minibatches(8, torch.Generator().manual_seed(1)))
-    logits, values = tr.policy_and_values(mb.sequences, mb.attention_mask, mb.prompt_len)
-    logprobs = token_logprobs(logits, mb.sequences[:, mb.prompt_len:]) * mb.action_mask
-    ratio = torch.exp(logprobs - mb.logprobs)
+    logprobs, _, values = tr.policy_and_values(mb.sequences, mb.attention_mask, mb.prompt_len)
+    ratio = torch.exp(logprobs * mb.action_mask - mb.logprobs)
     assert (ratio - 1).abs().max().item() < 1e-5
     torch.testing.assert_close(values * mb.action_mask, mb.values, atol=1e-5, rtol=0)
 
@@ -98,10 +97,9 @@ def test_experience_is_padding_invariant():
         n_prompt = int(mask[i].sum())
         alone_ids = seq[None]
         attn = torch.ones_like(alone_ids)
-        logits, values = tr.policy_and_values(alone_ids, attn, n_prompt)
+        lp, _, values = tr.policy_and_values(alone_ids, attn, n_prompt)
         n = int(batched.action_mask[i].sum())
-        lp = token_logprobs(logits, alone_ids[:, n_prompt:])[0]
-        torch.testing.assert_close(lp, batched.logprobs[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(lp[0], batched.logprobs[i, :n], atol=1e-5, rtol=0)
         torch.testing.assert_close(values[0], batched.values[i, :n], atol=1e-5, rtol=0)
 
 
@@ -146,14 +144,17 @@ def test_ppo_raises_a_trivial_reward():
 
 
 def test_logprobs_are_those_of_the_tempered_distribution_that_sampled():
-    """Guard against "negative KL": stored log-probs use logits / temperature, as sampling does."""
+    """Guard against "negative KL": stored log-probs use logits / temperature, with PAD given
+    probability 0, as sampling does."""
     tr = make_trainer(Cfg(temperature=0.7))
     exp, _ = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
     T = exp.prompt_len
     with torch.no_grad():
         logits = tr.actor(exp.sequences, exp.attention_mask)[:, T - 1:-1]
-    tempered = token_logprobs(logits / 0.7, exp.sequences[:, T:]) * exp.action_mask
-    plain = token_logprobs(logits, exp.sequences[:, T:]) * exp.action_mask
+        logits[..., PAD] = float("-inf")  # never sampled
+    after = exp.action_mask == 0  # padding after EOS: its (-inf) log-prob is not used
+    tempered = token_logprobs(logits / 0.7, exp.sequences[:, T:]).masked_fill(after, 0)
+    plain = token_logprobs(logits, exp.sequences[:, T:]).masked_fill(after, 0)
     torch.testing.assert_close(exp.logprobs, tempered, atol=1e-5, rtol=0)
     assert not torch.allclose(exp.logprobs, plain, atol=1e-3)
     assert Cfg().top_k == 0 and Cfg().top_p == 1.0  # no filtering unless asked for
@@ -186,3 +187,84 @@ def test_target_kl_stops_the_update_at_the_first_minibatch_past_it():
     assert steps == {0.0: 4 * 4, 1e-12: 1, 1e9: 4 * 4}
     assert torch.equal(params[0.0], params[1e9])  # an unreached target changes nothing
     assert not torch.equal(params[1e-12], params[0.0])
+
+
+def test_shuffling_and_ptx_use_the_cpu_generator_and_sampling_the_device_one(monkeypatch):
+    """On CUDA the sampling generator lives on the GPU, and randperm / randint (minibatch
+    order, ptx batches) refuse it. Every draw other than sampling must take the CPU one."""
+    tok = WordTokenizer([str(i) for i in range(5)])
+    tr = make_trainer(Cfg(ptx_coef=0.1), ptx_data=SFTData(tok, [("0 1", "2 3 4")] * 20, 24))
+    sample_gen, shuffle_gen = torch.Generator(), torch.Generator()
+    batch = prompts()
+    seen = {"randperm": [], "randint": [], "multinomial": []}
+    for name in seen:
+        real = getattr(torch, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            seen[_name].append(kwargs.get("generator"))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(torch, name, spy)
+    tr.step([batch], sample_gen, shuffle_gen)
+    assert seen["randperm"] and seen["randint"] and seen["multinomial"]
+    assert all(g is shuffle_gen for g in seen["randperm"] + seen["randint"])
+    assert all(g is sample_gen for g in seen["multinomial"])
+
+
+def test_a_shared_value_head_learns_at_critic_lr():
+    tr = make_trainer(Cfg(actor_lr=1e-5, critic_lr=7e-4), shared=True)
+    groups = tr.actor_opt.adamw.param_groups
+    head = {id(p) for p in tr.value_head.parameters()}
+    lrs = {("head" if id(g["params"][0]) in head else "actor"): g["lr"] for g in groups}
+    assert lrs == {"actor": 1e-5, "head": 7e-4}
+    tr.actor_opt.set_lr_scale(0.5)  # one schedule scales both
+    assert sorted(g["lr"] for g in groups) == [0.5e-5, 3.5e-4]
+
+
+def test_lora_reference_is_the_actor_with_adapters_off():
+    """ref=None with a LoRA actor gives the reference log-probs a frozen copy would give."""
+    from mingpt_rlhf.lora import LoRALinear, add_lora
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(vocab_size=8, block_size=24, n_layer=1, n_head=2, n_embd=32))
+    frozen = copy.deepcopy(base).requires_grad_(False)
+    add_lora(base, 4, 8.0)
+    head = torch.nn.Linear(32, 1)
+    tr = PPOTrainer(Cfg(), base, None, count_target, value_head=head, eos_id=EOS, pad_id=PAD,
+                    kl_ctl=FixedKLController(0.05))
+    exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    assert stats["kl"] == 0.0  # zero-initialised adapters: the actor is its reference
+    with torch.no_grad():
+        for m in base.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.normal_(std=0.2)
+    exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    T = exp.prompt_len
+    with torch.no_grad():
+        expected = tr.ref_logprobs(exp.sequences, exp.attention_mask, T) * exp.action_mask
+        tr_frozen = PPOTrainer(Cfg(), base, frozen, count_target, value_head=head, eos_id=EOS,
+                               pad_id=PAD, kl_ctl=FixedKLController(0.05))
+        from_copy = tr_frozen.ref_logprobs(exp.sequences, exp.attention_mask, T) * exp.action_mask
+    torch.testing.assert_close(exp.ref_logprobs, from_copy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(expected, from_copy, atol=1e-6, rtol=0)
+    assert stats["kl"] != 0.0
+
+
+def test_float16_updates_are_loss_scaled_and_overflows_skipped():
+    tr = make_trainer(shared=True)
+    tr.actor_opt = type(tr.actor_opt)(
+        [{"params": list(tr.actor.parameters()), "lr": 1e-3, "weight_decay": 0.0}],
+        torch.float16, torch.device("cpu"))
+    assert tr.actor_opt.scaler is not None and tr.actor_opt.scaler.get_scale() > 1
+    before = [p.clone() for p in tr.actor.parameters()]
+    ids, _ = prompts(4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = tr.actor(ids).float().mean() * float("inf")  # a gradient overflow
+    scale = tr.actor_opt.scaler.get_scale()
+    tr.actor_opt.backward(loss)
+    tr.actor_opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))  # step skipped
+    assert tr.actor_opt.scaler.get_scale() < scale  # and the scale lowered
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = tr.actor(ids).float().logsumexp(-1).mean()
+    tr.actor_opt.backward(loss)
+    tr.actor_opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))

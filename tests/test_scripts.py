@@ -18,13 +18,15 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=48)
 
 
 def sft_cfg(out_dir, **kw):
-    return train_sft.Config(out_dir=str(out_dir), batch_size=16, max_iters=20, eval_interval=10,
-                            eval_prompts=16, warmup_iters=2, **{**TINY, **kw})
+    base = dict(out_dir=str(out_dir), batch_size=16, max_iters=20, eval_interval=10,
+                eval_prompts=16, warmup_iters=2, **TINY)
+    return train_sft.Config(**{**base, **kw})
 
 
 def rm_cfg(out_dir, sft_dir, **kw):
-    return train_rm.Config(out_dir=str(out_dir), sft_dir=str(sft_dir), n_pairs=160, batch_size=16,
-                           eval_interval=5, norm_samples=32, **kw)
+    base = dict(out_dir=str(out_dir), sft_dir=str(sft_dir), n_pairs=160, batch_size=16,
+                eval_interval=5, norm_samples=32)
+    return train_rm.Config(**{**base, **kw})
 
 
 def ppo_cfg(out_dir, sft_dir, rm_dir, **kw):
@@ -101,7 +103,10 @@ def test_rm_checkpoint_loads_into_reward_model_and_critic(stages):
     assert rm.gain.item() != 1.0  # normalisation was stored
     critic = Critic(GPTConfig(**ckpt["model_config"]))
     critic.load_trunk_and_head(ckpt["model"])
-    torch.testing.assert_close(critic.head.weight, rm.head.weight)
+    ids = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 11, 1, 0]])
+    mask = (torch.arange(5) < torch.tensor([[5], [4]])).long()
+    with torch.no_grad():  # the critic speaks in the normalised units of PPO's rewards
+        torch.testing.assert_close(critic(ids, mask)[[0, 1], [4, 3]], rm(ids, mask))
     assert ckpt["sft"]["step"] == 20
 
 
@@ -223,3 +228,95 @@ def test_help_lists_every_option(script):
     for f in dataclasses.fields(module.Config):
         assert f"--{f.name}" in result.stdout
     assert "default:" in result.stdout
+
+
+# ---- GPT-2-scale options at tiny size: LoRA, gradient accumulation and checkpointing, fp16
+
+def test_ppo_holds_out_eval_prompts_from_a_prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(100)))
+    train, held_out = train_ppo.prompt_splits(train_ppo.Config(prompts=str(path)), None)
+    assert held_out and not set(train) & set(held_out)
+    assert sorted(train + held_out) == sorted(f"p{i}" for i in range(100))
+    other = tmp_path / "eval.jsonl"
+    other.write_text(json.dumps({"prompt": "q"}) + "\n")
+    cfg = train_ppo.Config(prompts=str(path), eval_prompts_file=str(other))
+    assert train_ppo.prompt_splits(cfg, None) == ([f"p{i}" for i in range(100)], ["q"])
+
+
+def test_rm_gradient_accumulation_equals_one_big_batch(stages, tmp_path):
+    root, _, _ = stages
+    for name, batch, accum in [("big", 16, 1), ("accum", 8, 2)]:
+        train_rm.main(rm_cfg(tmp_path / name, root / "sft", batch_size=batch, grad_accum=accum,
+                             norm_samples=0))
+    a = torch.load(tmp_path / "big" / "ckpt.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "accum" / "ckpt.pt", weights_only=False)["model"]
+    for k in a:  # the same pairs in each step; float sums in another order
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=2e-4)
+    losses = [[e["loss"] for e in read_metrics(tmp_path / name) if "loss" in e]
+              for name in ("big", "accum")]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
+def test_lora_stages_write_merged_weights_and_resume_exactly(stages, tmp_path, monkeypatch):
+    """SFT, RM and PPO with LoRA: checkpoints hold merged GPT-2-named weights that the next
+    stage loads as usual, and a killed PPO run resumes to the same adapters and weights."""
+    root, _, _ = stages
+    lora = dict(lora_rank=4, lora_alpha=8.0)
+    train_sft.main(sft_cfg(tmp_path / "sft", init_from="", grad_checkpoint=True, grad_accum=2,
+                           **lora))
+    sft = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
+    assert not any("lora" in k for k in sft["model"])
+    GPT(GPTConfig(**sft["model_config"])).load_state_dict(sft["model"])
+    train_rm.main(rm_cfg(tmp_path / "rm", root / "sft", grad_checkpoint=True, **lora))
+    rm = torch.load(tmp_path / "rm" / "ckpt.pt", weights_only=False)
+    RewardModel(GPTConfig(**rm["model_config"])).load_state_dict(rm["model"])
+
+    cfg = lambda out, **kw: ppo_cfg(out, root / "sft", root / "rm", critic="separate",
+                                    grad_checkpoint=True, **lora, **kw)
+    train_ppo.main(cfg(tmp_path / "straight"))
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_ppo)
+        with pytest.raises(Killed):
+            train_ppo.main(cfg(tmp_path / "killed"))
+    train_ppo.main(cfg(tmp_path / "killed", resume=True))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert set(a["actor"]["lora"]) and all("lora_" in k for k in a["actor"]["lora"])
+    for part in [a["actor"]["lora"], a["critic"]["lora"], a["model"]]:
+        other = {**b["actor"]["lora"], **b["critic"]["lora"], **b["model"]}
+        for k in part:
+            torch.testing.assert_close(part[k], other[k], rtol=0, atol=1e-6)
+    GPT(GPTConfig(**a["model_config"])).load_state_dict(a["model"])  # merged, as usual
+
+
+def test_lora_resume_refuses_a_changed_base(stages, tmp_path, monkeypatch):
+    root, _, _ = stages
+    import shutil
+    shutil.copytree(root / "sft", tmp_path / "sft")
+    cfg = lambda **kw: ppo_cfg(tmp_path / "ppo", tmp_path / "sft", root / "rm", critic="shared",
+                               lora_rank=2, **kw)
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_ppo)
+        with pytest.raises(Killed):
+            train_ppo.main(cfg())
+    sft = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
+    sft["model"]["transformer.ln_f.bias"] += 0.1  # the SFT model was retrained meanwhile
+    torch.save(sft, tmp_path / "sft" / "ckpt.pt")
+    from mingpt_rlhf.errors import UserError
+    with pytest.raises(UserError, match="base weights differ"):
+        train_ppo.main(cfg(resume=True))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_runs_on_the_cpu(stages, tmp_path, dtype):
+    """bf16 autocast (frozen models held in bf16) and fp16 with loss scaling, end to end."""
+    root, _, _ = stages
+    summary = train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", root / "rm", dtype=dtype,
+                                     critic="separate", max_iters=2))
+    assert summary["final"] and all(torch.isfinite(torch.tensor(v)) for v in summary.values()
+                                    if isinstance(v, float))
+    ckpt = torch.load(tmp_path / "ppo" / "ckpt.pt", weights_only=False)
+    assert (ckpt["actor_opt"]["scaler"] is not None) == (dtype == "float16")
+    sft = train_sft.main(sft_cfg(tmp_path / "sft", dtype=dtype, max_iters=4))
+    assert summary["final"] and sft["eval_loss"] < 10
