@@ -64,6 +64,8 @@ class Config:
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
     minibatch_size: int = opt(16, "responses per minibatch (>= 8 keeps whitening stable)")
+    generate_batch_size: int = opt(0, "prompts sampled at once (0 = the whole rollout batch); "
+                                      "fewer hold a smaller KV cache, the largest tensor of the rollout")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
@@ -107,6 +109,9 @@ class Config:
 def check_config(cfg: Config):
     require_positive(cfg, "max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
                      "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon")
+    if cfg.generate_batch_size < 0:
+        raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
+                        f"got {cfg.generate_batch_size}")
     if cfg.critic not in ("separate", "shared"):
         raise UserError(f"--critic must be separate or shared, got {cfg.critic!r}")
     if cfg.temperature <= 0:

@@ -254,6 +254,10 @@ def specs(args) -> list[dict]:
             for ckpt in [False, True]:
                 rows.append(dict(stage="ppo", options=dict(critic=critic, lora_rank=lora,
                                                            grad_checkpoint=ckpt)))
+        # the leanest: also sample minibatch-sized slices (a smaller KV cache)
+        rows.append(dict(stage="ppo", options=dict(
+            critic=critic, lora_rank=16, grad_checkpoint=True,
+            generate_batch_size=BATCHES[args.batch]["minibatch"])))
     for stage in ["sft", "rm"]:
         for lora in [0, 16]:
             for ckpt in [False, True]:
@@ -262,8 +266,9 @@ def specs(args) -> list[dict]:
 
 
 def old_options(options: dict) -> dict | None:
-    """The options for code that predates LoRA and --grad_checkpoint; None if it cannot run them."""
-    if options.get("lora_rank") or options.get("grad_checkpoint"):
+    """The options for code that predates LoRA, --grad_checkpoint and --generate_batch_size;
+    None if it cannot run them."""
+    if options.get("lora_rank") or options.get("grad_checkpoint") or options.get("generate_batch_size"):
         return None
     return {k: v for k, v in options.items() if k not in ("lora_rank", "grad_checkpoint")}
 

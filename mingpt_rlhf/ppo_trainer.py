@@ -33,6 +33,7 @@ import contextlib
 import time
 
 import torch
+import torch.nn.functional as F
 
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
@@ -107,20 +108,40 @@ class PPOTrainer:
             return lm_logprobs(model, hidden, sequences[:, T:], self.cfg.temperature,
                                self.suppress)[0]
 
+    def sample(self, prompt_ids, prompt_mask, generator=None):
+        """Responses to a batch of prompts: (sequences, attention_mask, action_mask), each
+        (B, T + N). With `cfg.generate_batch_size` set, `generate` runs on that many rows at a
+        time (its KV cache is the largest tensor of the rollout: layers x 2 x rows x length x
+        width) and the slices are right-padded to the longest response."""
+        cfg = self.cfg
+        step = cfg.generate_batch_size or len(prompt_ids)
+        outs = []
+        for i in range(0, len(prompt_ids), step):
+            with self.amp():
+                outs.append(generate(self.actor, prompt_ids[i:i + step], prompt_mask[i:i + step],
+                                     cfg.max_new_tokens, temperature=cfg.temperature,
+                                     top_k=cfg.top_k or None,
+                                     top_p=cfg.top_p if cfg.top_p < 1 else None,
+                                     eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+                                     generator=generator))
+        width = max(o.sequences.size(1) for o in outs)
+
+        def cat(name, fill):
+            return torch.cat([F.pad(getattr(o, name), (0, width - o.sequences.size(1)), value=fill)
+                              for o in outs])
+        pad = self.pad_id if self.pad_id is not None else 0
+        return cat("sequences", pad), cat("attention_mask", 0), cat("action_mask", 0)
+
     @torch.no_grad()
     def make_experience(self, prompt_ids, prompt_mask, generator=None) -> tuple[Experience, dict]:
         """One rollout batch: sample with `generator` (on the model's device), then score."""
         cfg = self.cfg
         t0 = time.time()
-        with self.amp():
-            out = generate(self.actor, prompt_ids, prompt_mask, cfg.max_new_tokens,
-                           temperature=cfg.temperature, top_k=cfg.top_k or None,
-                           top_p=cfg.top_p if cfg.top_p < 1 else None, eos_token_id=self.eos_id,
-                           pad_token_id=self.pad_id, generator=generator)
+        seqs, attn, action_mask = self.sample(prompt_ids, prompt_mask, generator)
         t1 = time.time()
-        seqs, attn, T = out.sequences, out.attention_mask, out.prompt_len
+        T = prompt_ids.size(1)
         responses = seqs[:, T:]                                         # (B, N)
-        action_mask = out.action_mask[:, T:].float()                    # (B, N)
+        action_mask = action_mask[:, T:].float()                        # (B, N)
 
         # score in slices of minibatch_size rows: the activations of a whole rollout batch of
         # long sequences would set the peak memory of the iteration

@@ -10,6 +10,7 @@ from mingpt_rlhf.data import SFTData
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.ppo import FixedKLController, token_logprobs
 from mingpt_rlhf.ppo_trainer import PPOTrainer
+from mingpt_rlhf.sampling import generate
 from mingpt_rlhf.tokenizer import WordTokenizer
 
 EOS, PAD, TARGET = 1, 0, 5
@@ -36,6 +37,7 @@ class Cfg:
     grad_clip: float = 1.0
     ppo_epochs: int = 4
     minibatch_size: int = 8
+    generate_batch_size: int = 0
 
 
 def count_target(sequences, attention_mask, action_mask):
@@ -268,3 +270,27 @@ def test_float16_updates_are_loss_scaled_and_overflows_skipped():
     tr.actor_opt.backward(loss)
     tr.actor_opt.step()
     assert not all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))
+
+
+def test_generating_in_slices_right_pads_each_slice_to_the_longest_response():
+    """--generate_batch_size: each slice is what `generate` gives for those rows alone, drawn
+    from the same generator in turn; shorter slices are padded with PAD and masked out."""
+    cfg = Cfg(generate_batch_size=5)
+    tr = make_trainer(cfg)
+    ids, mask = prompts(12)
+    seqs, attn, act = tr.sample(ids, mask, torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    widths = []
+    for i in range(0, 12, 5):
+        out = generate(tr.actor, ids[i:i + 5], mask[i:i + 5], cfg.max_new_tokens,
+                       eos_token_id=EOS, pad_token_id=PAD, generator=g)
+        n = out.sequences.size(1)
+        widths.append(n)
+        assert torch.equal(seqs[i:i + 5, :n], out.sequences)
+        assert torch.equal(attn[i:i + 5, :n], out.attention_mask)
+        assert torch.equal(act[i:i + 5, :n], out.action_mask)
+        assert (seqs[i:i + 5, n:] == PAD).all() and not attn[i:i + 5, n:].any()
+        assert not act[i:i + 5, n:].any()
+    assert seqs.size(1) == max(widths)
+    exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
+    assert torch.equal(exp.sequences, seqs) and stats["kl"] == 0.0
