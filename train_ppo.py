@@ -21,6 +21,7 @@ minibatch_steps, t_generate, t_score, t_learn; eval lines with gold, rm_score, w
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import asdict, dataclass
 
@@ -74,9 +75,15 @@ class Config:
     actor_lr: float = opt(5e-5, "actor learning rate, decayed linearly to 0 (1e-4 can collapse: see README)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
-    adaptive_kl: bool = opt(True, "adapt beta towards --kl_target (Ziegler et al. 2019)")
-    kl_target: float = opt(6.0, "target KL per response, nats (adaptive KL)")
-    kl_horizon: int = opt(10000, "adaptive KL horizon, in samples")
+    adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
+                                  "--kl_target (false: beta stays --kl_coef)")
+    kl_target: float = opt(6.0, "target KL to the SFT policy in nats per response: the sum over "
+                                "the response's tokens of log pi(a) - log pi_sft(a), averaged "
+                                "over the rollout batch")
+    kl_horizon: float = opt(10.0, "adaptive KL speed, in iterations: each iteration, log beta "
+                                  "moves by log(KL / target) / horizon, clipped so that beta rises "
+                                  "at most x e^(1/horizon) (x1.105 at 10) and falls at most "
+                                  "x e^(-0.2/horizon) (x0.980 at 10)")
     gamma: float = opt(1.0, "GAE discount")
     lam: float = opt(0.95, "GAE lambda")
     clip_range: float = opt(0.2, "policy ratio clip epsilon")
@@ -122,6 +129,9 @@ def check_config(cfg: Config):
         raise UserError(f"--top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.kl_coef < 0 or cfg.kl_target <= 0:
         raise UserError("--kl_coef must be >= 0 and --kl_target > 0")
+    if cfg.adaptive_kl and cfg.kl_coef == 0:
+        raise UserError("--kl_coef 0 with the adaptive KL controller: beta can only be scaled, "
+                        "so it would stay 0; pass a starting --kl_coef > 0, or --adaptive_kl false")
     check_lora_options(cfg)
 
 
@@ -233,6 +243,7 @@ def main(cfg: Config) -> dict:
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
     step = 0
+    kl_high = 0  # iterations whose KL exceeded twice the target (for the one warning)
     if resumed:
         load_resume_state(actor, resumed["actor"], ckpt_path)
         if critic is not None:
@@ -242,7 +253,8 @@ def main(cfg: Config) -> dict:
         trainer.actor_opt.load_state_dict(resumed["actor_opt"])
         if trainer.critic_opt is not None:
             trainer.critic_opt.load_state_dict(resumed["critic_opt"])
-        kl_ctl.value = resumed["kl_coef"]
+        kl_ctl.load_state_dict(resumed["kl_ctl"])
+        kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
         sample_gen.set_state(resumed["sample_rng"])
         shuffle_gen.set_state(resumed["shuffle_rng"])
@@ -265,7 +277,8 @@ def main(cfg: Config) -> dict:
             "value_head": value_head.state_dict() if value_head is not None else None,
             "actor_opt": trainer.actor_opt.state_dict(),
             "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
-            "kl_coef": kl_ctl.value, "step": step, "rng": rng_state(),
+            "kl_ctl": kl_ctl.state_dict(), "kl_over_target": kl_high, "step": step,
+            "rng": rng_state(),
             "prompt_rng": prompt_gen.get_state(), "sample_rng": sample_gen.get_state(),
             "shuffle_rng": shuffle_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
@@ -319,6 +332,14 @@ def main(cfg: Config) -> dict:
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
             stats["gold"] = sum(golds) / len(golds)
         log.log(step + 1, **stats)
+        kl_high += stats["kl"] > 2 * cfg.kl_target
+        if kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
+            tqdm.write(f"warning: the KL to the SFT policy has been above twice --kl_target "
+                       f"({2 * cfg.kl_target:g} nats) in {kl_high} iterations (now {stats['kl']:.1f}, "
+                       f"beta {trainer.kl_ctl.value:.3g}). To hold it: raise --kl_coef (the "
+                       f"starting beta), lower --kl_horizon (beta reacts faster), lower "
+                       f"--actor_lr, or set --target_kl (stops an update early); or accept it "
+                       f"with a larger --kl_target")
         bar.set_postfix(rm=f"{stats['rm_score']:.2f}", gold=f"{stats.get('gold', 0):.2f}",
                         kl=f"{stats['kl']:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:

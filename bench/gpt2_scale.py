@@ -307,6 +307,8 @@ def main():
                                                  "commit before a change)")
     ap.add_argument("--only", default="", help="comma-separated stages to run (ppo,sft,rm)")
     ap.add_argument("--critic", default="", help="only this PPO critic (shared or separate)")
+    ap.add_argument("--where", default="", help="only the rows whose options match, e.g. "
+                                                "lora_rank=16 (written to a file named after it)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument("--mmap_threshold", type=int, default=0,
                     help="glibc MALLOC_MMAP_THRESHOLD_ for the workers (0 = glibc's dynamic "
@@ -328,6 +330,10 @@ def main():
             continue
         if args.critic and spec["options"].get("critic", args.critic) != args.critic:
             continue
+        if args.where:
+            key, value = args.where.split("=")
+            if str(spec["options"].get(key)) != value:
+                continue
         for label, code in codes:
             options = spec["options"] if code == ROOT else old_options(spec["options"])
             if options is None:
@@ -339,12 +345,14 @@ def main():
             print(json.dumps(row), flush=True)
             rows.append(row)
     import torch
-    result = {"shape": args.shape, "batch": BATCHES[args.batch], "device": args.device,
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip()
+    result = {"revision": revision, "shape": args.shape, "batch": BATCHES[args.batch], "device": args.device,
               "torch": torch.__version__, "threads": args.threads or torch.get_num_threads(),
               "mmap_threshold": args.mmap_threshold or "glibc default", "rows": rows}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
-    suffix = "_mmap" if args.mmap_threshold else ""
+    suffix = ("_mmap" if args.mmap_threshold else "") + (f"_{args.where.replace('=', '')}" if args.where else "")
     path = os.path.join(ROOT, "bench", "results",
                         f"gpt2_scale_{args.device}_{args.shape}_{args.batch}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -10,7 +10,7 @@
 3. Best-of-n (n = 1, 4, 16) from the SFT policy next to the PPO policies, with the same
    reward model, on PPO's 200 held-out eval prompts sampled 16 times each: gold (with its
    standard error), RM score, well_formed, off_taste (well-formed responses that still use a
-   negative or neutral adjective), generated tokens per prompt, and each policy's LM loss on
+   negative or neutral adjective), distinct2, generated tokens per prompt, and each policy's LM loss on
    the held-out demonstrations (demo_loss).
 Writes bench/results/pipeline.json and prints it.
 """
@@ -34,6 +34,7 @@ import train_sft  # noqa: E402
 from mingpt_rlhf.bestofn import best_of_n  # noqa: E402
 from mingpt_rlhf.checkpoint import load_checkpoint, load_policy  # noqa: E402
 from mingpt_rlhf.data import SFTData  # noqa: E402
+from mingpt_rlhf.evaluate import distinct_n  # noqa: E402
 from mingpt_rlhf.heads import RewardModel  # noqa: E402
 from mingpt_rlhf.model import GPTConfig  # noqa: E402
 from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402
@@ -52,6 +53,45 @@ def off_taste(task, prompts, texts) -> float:
     """Share of the well-formed responses that still use a negative or neutral adjective."""
     kept = [t for p, t in zip(prompts, texts) if task.well_formed(p, t)]
     return sum(any(ADJECTIVES.get(w, 1) < 1 for w in t.split()) for t in kept) / max(1, len(kept))
+
+
+def load_reward_model(rm_dir):
+    rm_ckpt = load_checkpoint(os.path.join(rm_dir, "ckpt.pt"))
+    rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
+    rm.load_state_dict(rm_ckpt["model"])
+    return rm.eval()
+
+
+def comparison_prompts(task, samples_per_prompt):
+    """PPO's held-out eval prompts, each `samples_per_prompt` times (16: 3,200 responses; a
+    200-sample gold mean has a standard error of ~0.015, too coarse to rank policies 0.02 apart)."""
+    return task.prompts("eval")[:train_ppo.Config().eval_prompts] * samples_per_prompt
+
+
+def held_out_figures(run_dir, rm, task, prompts, n, seed, demos, demo_loss=None) -> dict:
+    """Best-of-`n` responses of the policy in `run_dir` to `prompts` (n = 1: the policy's own
+    samples), scored like PPO scores: gold and its standard error, RM score, well_formed,
+    off_taste, distinct2, generated tokens per prompt, and the LM loss on the held-out
+    demonstrations (cached per run_dir in `demo_loss`)."""
+    demo_loss = {} if demo_loss is None else demo_loss
+    policy, tokenizer, _ = load_policy(run_dir)
+    if run_dir not in demo_loss:  # how much of the SFT distribution the policy kept
+        data = SFTData(tokenizer, demos, policy.config.block_size)
+        demo_loss[run_dir] = round(train_sft.eval_loss(policy, data, 250, "cpu",
+                                                       contextlib.nullcontext()), 4)
+        policy.eval()
+    texts, scores, tokens = best_of_n(policy, rm, tokenizer, prompts, n, train_ppo.Config().max_new_tokens,
+                                      generator=torch.Generator().manual_seed(seed))
+    golds = torch.tensor([task.gold_reward(p, t) for p, t in zip(prompts, texts)])
+    return {
+        "gold": round(golds.mean().item(), 4),
+        "gold_stderr": round(golds.std().item() / len(golds) ** 0.5, 4),
+        "rm_score": round(scores.mean().item(), 4),
+        "well_formed": round(sum(task.well_formed(p, t) for p, t in zip(prompts, texts)) / len(prompts), 4),
+        "off_taste": round(off_taste(task, prompts, texts), 4),
+        "distinct2": round(distinct_n(texts, 2), 4),
+        "tokens_per_prompt": round(tokens, 1),
+        "demo_loss": demo_loss[run_dir]}
 
 
 def timed(fn, cfg):
@@ -82,40 +122,20 @@ def main():
         results["seconds"]["pipeline"] = s_sft + s_rm + results["seconds"]["ppo"]
 
     # Best-of-n from the SFT policy next to the PPO policies, all on PPO's held-out eval prompts,
-    # each prompt sampled --samples_per_prompt times (a 200-sample gold mean has a standard
-    # error of ~0.015, too coarse to rank policies 0.02 apart), scored like PPO scores.
-    rm_ckpt = load_checkpoint(os.path.join(r("rm"), "ckpt.pt"))
-    rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
-    rm.load_state_dict(rm_ckpt["model"])
-    rm.eval()
-    ppo_cfg = train_ppo.Config()
+    # each prompt sampled --samples_per_prompt times, scored like PPO scores.
+    rm = load_reward_model(r("rm"))
     task = get_task("reviews", seed=args.seed)
-    prompts = task.prompts("eval")[:ppo_cfg.eval_prompts] * args.samples_per_prompt
+    prompts = comparison_prompts(task, args.samples_per_prompt)
     runs = [("sft_best_of_1", "sft", 1), ("sft_best_of_4", "sft", 4), ("sft_best_of_16", "sft", 16)]
     runs += [(name, name, 1) for name in PPO_RUNS]
     demos = task.sft_examples("eval")
     demo_loss = {}  # per run: the policy's LM loss on the held-out demonstrations
-    compared = {"prompts": ppo_cfg.eval_prompts, "samples_per_prompt": args.samples_per_prompt}
+    compared = {"prompts": len(prompts) // args.samples_per_prompt,
+                "samples_per_prompt": args.samples_per_prompt}
     for name, run_dir, n in runs:
         if not os.path.exists(os.path.join(r(run_dir), "ckpt.pt")):
             continue
-        policy, tokenizer, _ = load_policy(r(run_dir))
-        if run_dir not in demo_loss:  # how much of the SFT distribution the policy kept
-            data = SFTData(tokenizer, demos, policy.config.block_size)
-            demo_loss[run_dir] = round(train_sft.eval_loss(policy, data, 250, "cpu",
-                                                           contextlib.nullcontext()), 4)
-            policy.eval()
-        texts, scores, tokens = best_of_n(policy, rm, tokenizer, prompts, n, ppo_cfg.max_new_tokens,
-                                          generator=torch.Generator().manual_seed(args.seed))
-        golds = torch.tensor([task.gold_reward(p, t) for p, t in zip(prompts, texts)])
-        compared[name] = {
-            "gold": round(golds.mean().item(), 4),
-            "gold_stderr": round(golds.std().item() / len(golds) ** 0.5, 4),
-            "rm_score": round(scores.mean().item(), 4),
-            "well_formed": round(sum(task.well_formed(p, t) for p, t in zip(prompts, texts)) / len(prompts), 4),
-            "off_taste": round(off_taste(task, prompts, texts), 4),
-            "tokens_per_prompt": round(tokens, 1),
-            "demo_loss": demo_loss[run_dir]}
+        compared[name] = held_out_figures(r(run_dir), rm, task, prompts, n, args.seed, demos, demo_loss)
         print(name, compared[name], flush=True)
     results["compared"] = compared
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)

@@ -289,6 +289,5 @@ class PPOTrainer:
         stats["t_generate"] = sum(s["t_generate"] for s in roll)
         stats["t_score"] = sum(s["t_score"] for s in roll)
         stats.update(self.learn(shuffle_gen))
-        n_samples = sum(len(e.scores) for e in experiences)
-        self.kl_ctl.update(stats["kl"], n_samples)
+        self.kl_ctl.update(stats["kl"])
         return experiences, stats

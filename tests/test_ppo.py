@@ -145,12 +145,13 @@ def test_entropy_is_non_negative_and_max_for_uniform():
 
 
 def test_adaptive_kl_matches_formula():
-    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
-    ctl.update(9.0, 64)      # error 0.5 -> clipped to 0.2
-    assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 64 / 10000))
+    """log beta += clip(log(KL / target), -0.2, 1) / horizon (horizon in iterations)."""
+    ctl = AdaptiveKLController(0.1, target=6.0, horizon=10)
+    ctl.update(9.0)      # log 1.5 = 0.405, inside the clip
+    assert ctl.value == pytest.approx(0.1 * 1.5 ** 0.1)
     before = ctl.value
-    ctl.update(5.4, 256)     # error -0.1
-    assert ctl.value == pytest.approx(before * (1 - 0.1 * 256 / 10000))
+    ctl.update(3.0)      # log 0.5 = -0.69 -> clipped to -0.2
+    assert ctl.value == pytest.approx(before * math.exp(-0.02))
 
 
 def _experience(B, T, N, offset=0.0):

@@ -150,7 +150,8 @@ def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch):
     train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True))
     a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
-    assert a["kl_coef"] == b["kl_coef"]
+    assert a["kl_ctl"] == b["kl_ctl"] and a["kl_over_target"] == b["kl_over_target"]
+    assert a["kl_ctl"]["value"] != 0.05  # the controller moved beta, so the check means something
     for part in ["actor", "critic"]:
         for k in a[part]:
             torch.testing.assert_close(a[part][k], b[part][k], rtol=0, atol=1e-6)
@@ -320,3 +321,24 @@ def test_low_precision_runs_on_the_cpu(stages, tmp_path, dtype):
     assert (ckpt["actor_opt"]["scaler"] is not None) == (dtype == "float16")
     sft = train_sft.main(sft_cfg(tmp_path / "sft", dtype=dtype, max_iters=4))
     assert summary["final"] and sft["eval_loss"] < 10
+
+
+def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, capsys):
+    """A target no run can meet: over 2x the target in >= 10 % of the iterations -> one warning
+    that names the options controlling the KL."""
+    root, _, _ = stages
+    train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", root / "rm", kl_target=1e-4,
+                           max_iters=4, actor_lr=1e-2))
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert text.count("warning: the KL to the SFT policy") == 1
+    for option in ["--kl_coef", "--kl_horizon", "--actor_lr", "--target_kl", "--kl_target"]:
+        assert option in text
+
+
+def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path):
+    root, _, _ = stages
+    r = subprocess.run([sys.executable, "train_ppo.py", "--sft_dir", str(root / "sft"),
+                        "--rm_dir", str(root / "rm"), "--out_dir", str(tmp_path / "p"),
+                        "--kl_coef", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "--kl_coef 0" in r.stderr and "Traceback" not in r.stderr
