@@ -59,9 +59,20 @@ class Config:
                            "for eval unless --eval_prompts_file)")
     eval_prompts_file: str = opt("", "held-out JSONL of {prompt} lines for eval (with --prompts)")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
-    critic: str = opt("separate", "separate (own trunk, from the RM) | shared (value head on the actor)")
+    algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
+                           "rloo (leave-one-out baseline, no critic); see README, 'Methods'")
+    group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
+    kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed per "
+                             "response for grpo / rloo) | loss (grpo / rloo: beta * k3 per token "
+                             "in the loss) | auto (loss for grpo, reward otherwise)")
+    grpo_norm: str = opt("grpo", "grpo: divide by the group's reward std and average each "
+                                 "response's tokens | dr (Dr. GRPO): neither; token losses summed "
+                                 "and divided by --max_new_tokens")
+    critic: str = opt("separate", "ppo: separate (own trunk, from the RM) | shared (value head "
+                                  "on the actor)")
     max_iters: int = opt(200, "PPO iterations (rollouts + update)")
-    rollout_batch_size: int = opt(64, "prompts per rollout batch")
+    rollout_batch_size: int = opt(64, "responses per rollout batch (grpo / rloo: "
+                                      "rollout_batch_size / group_size prompts, group_size each)")
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
     minibatch_size: int = opt(16, "responses per minibatch (>= 8 keeps whitening stable)")
@@ -119,6 +130,19 @@ def check_config(cfg: Config):
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
+    if cfg.algo not in ("ppo", "grpo", "rloo"):
+        raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
+    if cfg.kl_in not in ("auto", "reward", "loss"):
+        raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
+    if cfg.grpo_norm not in ("grpo", "dr"):
+        raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
+    if cfg.algo == "ppo" and cfg.kl_in == "loss":
+        raise UserError("--kl_in loss is for grpo / rloo; ppo keeps the KL in its per-token "
+                        "reward (--kl_in reward or auto)")
+    if cfg.algo != "ppo" and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
+        raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
+                        f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
+                        f"group_size times")
     if cfg.critic not in ("separate", "shared"):
         raise UserError(f"--critic must be separate or shared, got {cfg.critic!r}")
     if cfg.temperature <= 0:
@@ -158,7 +182,9 @@ def load_models(cfg: Config, device, dtype):
     rm.gpt.set_dropout(0.0)
     rm = rm.to(device).eval().requires_grad_(False)
     critic = value_head = None
-    if cfg.critic == "separate":
+    if cfg.algo != "ppo":
+        pass  # critic-free: the group is the baseline
+    elif cfg.critic == "separate":
         critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
         critic.load_trunk_and_head(rm_ckpt["model"], rm_path)  # in normalised reward units
         critic.gpt.set_dropout(0.0)
@@ -245,10 +271,13 @@ def main(cfg: Config) -> dict:
     step = 0
     kl_high = 0  # iterations whose KL exceeded twice the target (for the one warning)
     if resumed:
+        if resumed.get("stage") != cfg.algo:
+            raise UserError(f"{ckpt_path} was written by --algo {resumed.get('stage')}, not "
+                            f"{cfg.algo}; resume with the same --algo or use another --out_dir")
         load_resume_state(actor, resumed["actor"], ckpt_path)
         if critic is not None:
             load_resume_state(critic, resumed["critic"], ckpt_path)
-        else:
+        elif value_head is not None:
             load_state_dict_checked(value_head, resumed["value_head"], ckpt_path)
         trainer.actor_opt.load_state_dict(resumed["actor_opt"])
         if trainer.critic_opt is not None:
@@ -264,13 +293,15 @@ def main(cfg: Config) -> dict:
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
-    print(f"actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), critic "
-          f"{cfg.critic}, {len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
+    method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else
+              f"{cfg.algo}, groups of {cfg.group_size}, KL in the {trainer.kl_in}")
+    print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), "
+          f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"device {device}, {str(dtype).replace('torch.', '')}")
 
     def save(step: int):
         save_checkpoint(ckpt_path, {
-            "stage": "ppo", "model": weights_for_later_stages(actor),
+            "stage": cfg.algo, "model": weights_for_later_stages(actor),
             "model_config": asdict(actor.config), "tokenizer": tokenizer.state_dict(),
             "actor": resume_state(actor),
             "critic": resume_state(critic) if critic is not None else None,
@@ -282,6 +313,13 @@ def main(cfg: Config) -> dict:
             "prompt_rng": prompt_gen.get_state(), "sample_rng": sample_gen.get_state(),
             "shuffle_rng": shuffle_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
+
+    def draw_prompts() -> list[int]:
+        """Prompt indices of one rollout batch: grpo / rloo draw rollout_batch_size / k prompts
+        and repeat each k times in a row (a group), ppo draws rollout_batch_size."""
+        k = 1 if cfg.algo == "ppo" else cfg.group_size
+        idx = torch.randint(len(encoded_prompts), (cfg.rollout_batch_size // k,), generator=prompt_gen)
+        return idx.repeat_interleave(k).tolist()
 
     def batch_of_prompts(indices):
         ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
@@ -295,7 +333,7 @@ def main(cfg: Config) -> dict:
         figures, responses, prompts = {"rm_score": 0.0, "kl": 0.0}, [], []
         for i in range(0, len(rows), cfg.rollout_batch_size):
             ids, mask = left_pad(rows[i:i + cfg.rollout_batch_size], tokenizer.pad_id)
-            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen)
+            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False)
             n = len(exp.scores)
             figures["rm_score"] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
@@ -323,9 +361,7 @@ def main(cfg: Config) -> dict:
         trainer.actor_opt.set_lr_scale(scale)
         if trainer.critic_opt is not None:
             trainer.critic_opt.set_lr_scale(scale)
-        batches = [batch_of_prompts(torch.randint(len(encoded_prompts), (cfg.rollout_batch_size,),
-                                                  generator=prompt_gen).tolist())
-                   for _ in range(cfg.rollouts_per_update)]
+        batches = [batch_of_prompts(draw_prompts()) for _ in range(cfg.rollouts_per_update)]
         experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences

@@ -30,7 +30,7 @@ from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, resume_check
                                     resume_state, rng_state, save_checkpoint, set_rng_state,
                                     weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_positive, run
-from mingpt_rlhf.data import encode_example, holdout_split, load_preference_jsonl, right_pad
+from mingpt_rlhf.data import PairData, encode_example, holdout_split, load_preference_jsonl, right_pad
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
@@ -75,29 +75,6 @@ class Config:
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
-class PairData:
-    """Encoded preference pairs; a batch is chosen rows then rejected rows, right-padded."""
-
-    def __init__(self, tokenizer, pairs, block_size: int):
-        self.pairs = []
-        for p in pairs:
-            c = encode_example(tokenizer, p.prompt, p.chosen, block_size)
-            r = encode_example(tokenizer, p.prompt, p.rejected, block_size)
-            if c is not None and r is not None:
-                self.pairs.append((c[0], r[0]))
-        self.skipped = len(pairs) - len(self.pairs)
-        if not self.pairs:
-            raise UserError(f"no preference pair fits block_size {block_size}")
-        self.pad_id = tokenizer.pad_id
-
-    def __len__(self):
-        return len(self.pairs)
-
-    def batch(self, indices):
-        rows = [self.pairs[i][0] for i in indices] + [self.pairs[i][1] for i in indices]
-        return right_pad(rows, self.pad_id)  # (2B, T) ids and mask
-
-
 @torch.no_grad()
 def score_texts(model, tokenizer, prompts, responses, device, ctx, batch_size=128, normalise=True):
     """RM scores (N,) of prompt + response + EOS texts."""
@@ -118,7 +95,7 @@ def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, ba
     losses, correct = [], 0
     for i in range(0, len(data), batch_size):
         idx = list(range(i, min(i + batch_size, len(data))))
-        ids, mask = data.batch(idx)
+        ids, mask, _ = data.batch(idx)
         with ctx:
             scores = model(ids.to(device), mask.to(device)).float()
         chosen, rejected = scores[:len(idx)], scores[len(idx):]
@@ -242,7 +219,7 @@ def main(cfg: Config) -> dict:
         lr = cfg.lr * scale
         loss, correct = 0.0, 0
         for idx in step_pairs.split(cfg.batch_size):  # micro-batches: their gradients add up
-            ids, mask = train_data.batch(idx.tolist())
+            ids, mask, _ = train_data.batch(idx.tolist())
             with ctx:
                 # one forward for chosen and rejected together, then split the scores
                 scores = model(ids.to(device), mask.to(device), normalise=False).float()  # (2B,)

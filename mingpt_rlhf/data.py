@@ -165,3 +165,32 @@ class SFTData:
             for b, (_, n_prompt) in enumerate(rows):
                 targets[b, :max(0, n_prompt - 1)] = IGNORE  # targets before the first response token
         return ids[:, :-1], targets
+
+
+class PairData:
+    """Encoded preference pairs (reward model, DPO). A batch is the chosen rows, then the
+    rejected rows, right-padded: (ids, attention mask, response mask), each (2B, T); the
+    response mask marks the response tokens and EOS (what DPO sums log-probs over)."""
+
+    def __init__(self, tokenizer, pairs, block_size: int):
+        self.pairs = []
+        for p in pairs:
+            c = encode_example(tokenizer, p.prompt, p.chosen, block_size)
+            r = encode_example(tokenizer, p.prompt, p.rejected, block_size)
+            if c is not None and r is not None:
+                self.pairs.append((c, r))
+        self.skipped = len(pairs) - len(self.pairs)
+        if not self.pairs:
+            raise UserError(f"no preference pair fits block_size {block_size}")
+        self.pad_id = tokenizer.pad_id
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def batch(self, indices):
+        examples = [self.pairs[i][0] for i in indices] + [self.pairs[i][1] for i in indices]
+        ids, mask = right_pad([ids for ids, _ in examples], self.pad_id)
+        response = mask.clone()
+        for row, (_, n_prompt) in enumerate(examples):
+            response[row, :n_prompt] = 0
+        return ids, mask, response

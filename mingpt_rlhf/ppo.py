@@ -169,13 +169,33 @@ class ReplayBuffer:
 
 
 # ----------------------------------------------------------------------------- losses
-def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2):
-    """Clipped surrogate loss and its diagnostics (clipfrac, approx_kl), all masked means."""
+def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None):
+    """One scalar from per-token losses (B, N), over real tokens only:
+    - "token":    mean over every real token of the minibatch (our PPO; DAPO);
+    - "sequence": mean over each response's tokens, then over responses (GRPO): a token of a
+                  short response weighs more than one of a long response;
+    - "budget":   sum over each response's tokens / `budget` (the generation budget), mean over
+                  responses (Dr. GRPO, RLOO): every token weighs the same, whatever the length.
+    """
+    if how == "token":
+        return masked_mean(x, action_mask)
+    if how == "sequence":
+        per_seq = (x * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
+        return per_seq.mean()
+    if how == "budget":
+        return ((x * action_mask).sum(-1) / budget).mean()
+    raise ValueError(f"unknown reduction {how!r}")
+
+
+def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2,
+                how: str = "token", budget: int | None = None):
+    """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and its
+    diagnostics (clipfrac, approx_kl: masked means over tokens)."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
-    loss = masked_mean(torch.max(unclipped, clipped), action_mask)
+    loss = reduce_tokens(torch.max(unclipped, clipped), action_mask, how, budget)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), action_mask)
         # k3 estimator of KL(old || new): unbiased and >= 0 (Schulman's "approximating KL")

@@ -1,4 +1,7 @@
-"""One PPO iteration for a language model: make experience, then learn from it.
+"""One PPO iteration for a language model: make experience, then learn from it. The same
+loop runs the critic-free methods (`cfg.algo` grpo / rloo, see critic_free.py): what changes is
+where the advantages come from (the group, not a critic and GAE), where the KL goes
+(`kl_in`: the reward or the loss) and how token losses are summed (`reduce_tokens`).
 
     make_experience: prompts -> actor samples -> log-probs (actor, reference) -> values
                      -> reward-model scores -> KL-shaped rewards -> GAE -> Experience
@@ -35,11 +38,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  masked_mean, masked_whiten, policy_loss, value_loss)
+                  masked_mean, masked_whiten, policy_loss, reduce_tokens, value_loss)
 from .sampling import generate
 
 
@@ -59,7 +63,10 @@ class PPOTrainer:
         optimizer step: autocast caches low-precision copies of the weights for as long as
         it is open, and they would go stale after the update. `dtype` is autocast's dtype
         (float16 turns on loss scaling)."""
-        assert (critic is None) != (value_head is None), "give a critic or a value head"
+        if cfg.algo == "ppo":
+            assert (critic is None) != (value_head is None), "give a critic or a value head"
+        else:
+            assert critic is None and value_head is None, f"{cfg.algo} has no critic"
         assert ref is not None or has_lora(actor), "ref=None needs a LoRA actor"
         self.cfg, self.actor, self.ref, self.reward_fn = cfg, actor, ref, reward_fn
         self.critic, self.value_head = critic, value_head
@@ -77,6 +84,10 @@ class PPOTrainer:
                                        "weight_decay": 0.0}], dtype, device, cfg.grad_clip)
                            if critic is not None else None)
         self.buffer = ReplayBuffer(pad_id)
+        # where the KL penalty goes and how token losses become one number (reduce_tokens)
+        self.kl_in = cfg.kl_in if cfg.kl_in != "auto" else ("loss" if cfg.algo == "grpo" else "reward")
+        self.reduction = {"ppo": "token", "rloo": "budget",
+                          "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]
         self.skipped_updates = 0  # updates skipped for a non-finite loss (should stay 0)
 
     # ------------------------------------------------------------------ forward passes
@@ -93,7 +104,8 @@ class PPOTrainer:
         if self.value_head is not None:
             values = self.value_head(hidden).squeeze(-1)                    # (B, N)
         else:
-            values = self.critic_values(sequences, attention_mask, T) if with_values else None
+            values = (self.critic_values(sequences, attention_mask, T)
+                      if with_values and self.critic is not None else None)
         return logprobs, ent, values
 
     def critic_values(self, sequences, attention_mask, T: int):
@@ -133,8 +145,11 @@ class PPOTrainer:
         return cat("sequences", pad), cat("attention_mask", 0), cat("action_mask", 0)
 
     @torch.no_grad()
-    def make_experience(self, prompt_ids, prompt_mask, generator=None) -> tuple[Experience, dict]:
-        """One rollout batch: sample with `generator` (on the model's device), then score."""
+    def make_experience(self, prompt_ids, prompt_mask, generator=None,
+                        for_update: bool = True) -> tuple[Experience, dict]:
+        """One rollout batch: sample with `generator` (on the model's device), then score.
+        GRPO / RLOO batches hold groups of `group_size` rows with the same prompt; an eval
+        batch (`for_update=False`) need not, and gets no advantages."""
         cfg = self.cfg
         t0 = time.time()
         seqs, attn, action_mask = self.sample(prompt_ids, prompt_mask, generator)
@@ -152,7 +167,8 @@ class PPOTrainer:
                 lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
                 ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)
                 raw = self.reward_fn(seqs[rows], attn[rows], action_mask[rows])
-            parts.append((lp, ent, val.float(), ref_lp, raw.float()))
+            val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
+            parts.append((lp, ent, val, ref_lp, raw.float()))
         logprobs, entropy, values, ref_logprobs, raw = (torch.cat(x) for x in zip(*parts))
         logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
         values = values * action_mask
@@ -167,26 +183,46 @@ class PPOTrainer:
         scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
 
         kl_coef = self.kl_ctl.value
-        rewards = kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef)
-        advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
-        advantages = masked_whiten(advantages, action_mask)
+        kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over tokens
+        if cfg.algo == "ppo":
+            rewards = kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef)
+            advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
+            advantages = masked_whiten(advantages, action_mask)
+        else:  # one reward per response, its advantage on every token; no values, no returns
+            rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores
+            advantages = (self.group_baselined(rewards, seqs[:, :T]) if for_update
+                          else torch.zeros_like(rewards))[:, None] * action_mask
+            rewards, returns = rewards[:, None] * action_mask, torch.zeros_like(values)
         exp = Experience(seqs, attn, action_mask, logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores)
         t2 = time.time()
 
-        kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over tokens
         stats = {
             "rm_score": raw.mean().item(),
             "score": scores.mean().item(),
             "kl": kl_per_seq.mean().item(),
             "kl_coef": kl_coef,
             "entropy": masked_mean(entropy, action_mask).item(),
-            "explained_var": explained_variance(values, returns, action_mask),
             "resp_len": action_mask.sum(-1).mean().item(),
+            "gen_tokens": action_mask.sum().item(),  # generated tokens, summed (the cost)
             "eos_rate": ended.float().mean().item(),
             "t_generate": t1 - t0, "t_score": t2 - t1,
         }
+        if cfg.algo == "ppo":
+            stats["explained_var"] = explained_variance(values, returns, action_mask)
+        elif for_update:
+            stats["zero_groups"] = zero_group_fraction(scores, cfg.group_size)
         return exp, stats
+
+    def group_baselined(self, rewards, prompts):
+        """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards; `prompts`
+        (B, T) proves that each group of rows answers one prompt."""
+        k = self.cfg.group_size
+        same = (prompts.view(-1, k, prompts.size(1)) == prompts[::k, None]).all()
+        assert same, "a group of responses must share its prompt (rows g*k .. g*k + k - 1)"
+        if self.cfg.algo == "rloo":
+            return leave_one_out_advantages(rewards, k)
+        return group_advantages(rewards, k, normalise_std=self.cfg.grpo_norm == "grpo")
 
     # ------------------------------------------------------------------ learning
     def ptx_loss(self, generator=None):
@@ -215,8 +251,12 @@ class PPOTrainer:
                     logprobs, entropy, values = self.policy_and_values(
                         mb.sequences, mb.attention_mask, mb.prompt_len, entropy_mode,
                         with_values=False)
+                # past EOS the response is PAD, whose log-prob is the most negative float:
+                # keep it out of every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
+                logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
                 pg_loss, clipfrac, approx_kl = policy_loss(
-                    logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range)
+                    logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
+                    self.reduction, cfg.max_new_tokens)
                 if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
                     # stop the update here, before this minibatch moves it further
@@ -224,10 +264,17 @@ class PPOTrainer:
                     break
                 entropy = masked_mean(entropy, mb.action_mask)
                 actor_loss = pg_loss - cfg.entropy_coef * entropy
-                if self.critic is None:  # shared trunk: one loss, one optimizer
+                figures = {}
+                if self.kl_in == "loss":  # GRPO: beta * k3 per token, reduced like the surrogate
+                    kl_loss = reduce_tokens(k3_kl(logprobs, mb.ref_logprobs), mb.action_mask,
+                                            self.reduction, cfg.max_new_tokens)
+                    actor_loss = actor_loss + self.kl_ctl.value * kl_loss
+                    figures["kl_loss"] = kl_loss
+                if self.value_head is not None:  # shared trunk: one loss, one optimizer
                     vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
                                          cfg.clip_range_value)
                     actor_loss = actor_loss + cfg.vf_coef * vf_loss
+                    figures["vf_loss"] = vf_loss
                 # ptx: the gradients of the LM loss on demonstrations add to the policy's; its
                 # forward runs after the policy's backward, so the two graphs never coexist
                 ptx_term = (lambda: cfg.ptx_coef * self.ptx_loss(generator)) if use_ptx else None
@@ -238,10 +285,11 @@ class PPOTrainer:
                     vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
                                          cfg.clip_range_value)
                     self._step(self.critic_opt, vf_loss)
-                figures = {"pg_loss": pg_loss, "vf_loss": vf_loss,
-                           "ptx_loss": ptx / cfg.ptx_coef if ptx is not None else torch.zeros(()),
-                           "clipfrac": clipfrac, "approx_kl": approx_kl,
-                           "policy_entropy": entropy}
+                    figures["vf_loss"] = vf_loss
+                figures.update({"pg_loss": pg_loss,
+                                "ptx_loss": ptx / cfg.ptx_coef if ptx is not None else torch.zeros(()),
+                                "clipfrac": clipfrac, "approx_kl": approx_kl,
+                                "policy_entropy": entropy})
                 for k, v in figures.items():
                     totals[k] = totals.get(k, 0.0) + v.item()
                 n += 1

@@ -38,6 +38,10 @@ class Cfg:
     ppo_epochs: int = 4
     minibatch_size: int = 8
     generate_batch_size: int = 0
+    algo: str = "ppo"
+    group_size: int = 4
+    kl_in: str = "auto"
+    grpo_norm: str = "grpo"
 
 
 def count_target(sequences, attention_mask, action_mask):
@@ -46,7 +50,7 @@ def count_target(sequences, attention_mask, action_mask):
     return ((sequences[:, T:] == TARGET) & action_mask.bool()).sum(-1).float()
 
 
-def make_trainer(cfg=None, shared=True, ptx_data=None, seed=0):
+def make_trainer(cfg=None, shared=True, ptx_data=None, seed=0, critic_free=False):
     torch.manual_seed(seed)
     actor = GPT(GPTConfig(vocab_size=8, block_size=24, n_layer=1, n_head=2, n_embd=32))
     ref = copy.deepcopy(actor).requires_grad_(False)
@@ -54,9 +58,10 @@ def make_trainer(cfg=None, shared=True, ptx_data=None, seed=0):
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
     from mingpt_rlhf.heads import Critic
-    critic = None if shared else Critic(actor.config)
+    critic = None if shared or critic_free else Critic(actor.config)
+    head = None if critic_free or not shared else head
     return PPOTrainer(cfg or Cfg(), actor, ref, count_target, critic=critic,
-                      value_head=head if shared else None, eos_id=EOS, pad_id=PAD,
+                      value_head=head, eos_id=EOS, pad_id=PAD,
                       kl_ctl=FixedKLController(0.05), ptx_data=ptx_data)
 
 

@@ -342,3 +342,106 @@ def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path):
                         "--rm_dir", str(root / "rm"), "--out_dir", str(tmp_path / "p"),
                         "--kl_coef", "0"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "--kl_coef 0" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("algo,extra", [("grpo", {}), ("grpo", {"grpo_norm": "dr", "kl_in": "reward"}),
+                                        ("rloo", {})])
+def test_critic_free_runs_and_resumes_exactly(stages, tmp_path, monkeypatch, algo, extra):
+    root, _, _ = stages
+    kw = dict(algo=algo, group_size=4, **extra)
+    train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm", **kw))
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_ppo)
+        with pytest.raises(Killed):
+            train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", **kw))
+    train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True, **kw))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert a["stage"] == b["stage"] == algo and a["critic"] is None and a["value_head"] is None
+    for k in a["actor"]:
+        torch.testing.assert_close(a["actor"][k], b["actor"][k], rtol=0, atol=1e-6)
+    train = [e for e in read_metrics(tmp_path / "straight") if "zero_groups" in e]
+    assert train and all(0 <= e["zero_groups"] <= 1 and e["gen_tokens"] > 0 for e in train)
+    assert ("kl_loss" in train[0]) == (algo == "grpo" and extra.get("kl_in") != "reward")
+
+
+def test_critic_free_groups_are_one_prompt_repeated(stages, tmp_path, monkeypatch):
+    """The rollout batch of --algo grpo holds rollout_batch_size / group_size prompts, each
+    group_size times in consecutive rows."""
+    root, _, _ = stages
+    seen = []
+    real = train_ppo.PPOTrainer.make_experience
+
+    def spy(self, ids, mask, *args, **kwargs):
+        if kwargs.get("for_update", True):
+            seen.append(ids.clone())
+        return real(self, ids, mask, *args, **kwargs)
+    monkeypatch.setattr(train_ppo.PPOTrainer, "make_experience", spy)
+    train_ppo.main(ppo_cfg(tmp_path / "g", root / "sft", root / "rm", algo="grpo", group_size=4,
+                           max_iters=1))
+    ids = seen[0]
+    assert len(ids) == 16
+    groups = ids.view(4, 4, -1)
+    assert (groups == groups[:, :1]).all()
+    assert len({tuple(g[0].tolist()) for g in groups}) > 1  # different prompts across groups
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--algo", "a2c"], "--algo"),
+    (["--algo", "grpo", "--group_size", "5"], "multiple of"),
+    (["--algo", "ppo", "--kl_in", "loss"], "--kl_in loss"),
+    (["--algo", "grpo", "--grpo_norm", "x"], "--grpo_norm"),
+])
+def test_critic_free_bad_options_exit_2(stages, tmp_path, args, message):
+    root, _, _ = stages
+    r = subprocess.run([sys.executable, "train_ppo.py", "--sft_dir", str(root / "sft"),
+                        "--rm_dir", str(root / "rm"), "--out_dir", str(tmp_path / "p"), *args],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def dpo_cfg(out_dir, sft_dir, **kw):
+    import train_dpo
+    base = dict(out_dir=str(out_dir), sft_dir=str(sft_dir), n_pairs=160, batch_size=16,
+                eval_interval=4, eval_prompts=16)
+    return train_dpo.Config(**{**base, **kw})
+
+
+def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, tmp_path, monkeypatch):
+    import train_dpo
+    root, _, _ = stages
+    summary = train_dpo.main(dpo_cfg(tmp_path / "straight", root / "sft", rm_dir=str(root / "rm")))
+    assert {"gold", "well_formed", "kl", "distinct2", "rm_score"} <= set(summary)
+    lines = read_metrics(tmp_path / "straight")
+    first = next(e for e in lines if "reward_acc" in e)
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy = reference: log 2
+    assert {"margin", "chosen_reward", "rejected_reward"} <= set(first)
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_dpo)
+        with pytest.raises(Killed):
+            train_dpo.main(dpo_cfg(tmp_path / "killed", root / "sft", rm_dir=str(root / "rm")))
+    train_dpo.main(dpo_cfg(tmp_path / "killed", root / "sft", rm_dir=str(root / "rm"), resume=True))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert a["stage"] == "dpo"
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-6)
+    # a policy checkpoint: loads as the start of a later stage
+    from mingpt_rlhf.checkpoint import load_policy
+    load_policy(str(tmp_path / "straight"))
+
+
+def test_dpo_with_lora_uses_the_adapters_off_as_reference(stages, tmp_path):
+    import train_dpo
+    root, _, _ = stages
+    train_dpo.main(dpo_cfg(tmp_path / "d", root / "sft", lora_rank=4))
+    first = next(e for e in read_metrics(tmp_path / "d") if "reward_acc" in e)
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)
+
+
+@pytest.mark.parametrize("args,message", [(["--loss", "kto"], "--loss"), (["--beta", "0"], "--beta")])
+def test_dpo_bad_options_exit_2(stages, tmp_path, args, message):
+    root, _, _ = stages
+    r = subprocess.run([sys.executable, "train_dpo.py", "--sft_dir", str(root / "sft"),
+                        "--out_dir", str(tmp_path / "d"), *args], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

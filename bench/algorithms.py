@@ -1,0 +1,136 @@
+"""PPO, GRPO, Dr. GRPO, RLOO, DPO and best-of-n on the built-in task, judged by the gold reward.
+
+    python bench/algorithms.py                     # 3 seeds, ~1 h on 2 CPU cores
+    python bench/algorithms.py --seeds 1 --methods grpo rloo
+
+Every method starts from the same SFT checkpoint and (the RL methods) the same reward model:
+those of bench/pipeline.py in --root (trained first if missing). Each method runs with its
+script's defaults; only --seed changes between seeds. For each run:
+- cost: wall seconds on this machine and the tokens generated during training (gen_tokens
+  summed over iterations; DPO generates none, it only evaluates);
+- quality, on the same 3,200 held-out responses as bench/pipeline.py (PPO's 200 eval prompts,
+  16 samples each): gold +- standard error, RM score, well_formed, distinct2;
+- KL to the SFT policy: the run's final eval (200 responses, nats per response);
+- the reward-vs-KL frontier: (kl, gold) of every periodic eval of the run.
+Best-of-n (n = 1, 4, 16) samples the SFT policy and keeps the RM's favourite; its KL to the
+SFT policy is the analytic log n - (n - 1) / n (Stiennon et al. 2020), an upper bound.
+Writes bench/results/algorithms.json: every run, and per method the mean over seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import train_dpo  # noqa: E402
+import train_ppo  # noqa: E402
+import train_rm  # noqa: E402
+import train_sft  # noqa: E402
+from mingpt_rlhf.tasks import get_task  # noqa: E402
+from pipeline import comparison_prompts, held_out_figures, load_reward_model  # noqa: E402
+
+METHODS = {  # name: (script, options beyond the defaults)
+    "ppo": (train_ppo, {}),
+    "grpo": (train_ppo, {"algo": "grpo"}),
+    "dr_grpo": (train_ppo, {"algo": "grpo", "grpo_norm": "dr"}),
+    "rloo": (train_ppo, {"algo": "rloo"}),
+    "dpo": (train_dpo, {}),
+}
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def mean_and_stderr(values):
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return round(m, 4), None
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return round(m, 4), round(math.sqrt(var / len(values)), 4)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="out/bench", help="folder of bench/pipeline.py's SFT and RM")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per method (1337, 1338, ...)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS) + ["best_of_n"])
+    ap.add_argument("--samples_per_prompt", type=int, default=16)
+    ap.add_argument("--reuse", action="store_true", help="score runs already in --root")
+    args = ap.parse_args()
+    r = lambda name: os.path.join(args.root, name)
+    seed0 = 1337  # the SFT and RM seed, and the first method seed
+    if not os.path.exists(os.path.join(r("sft"), "ckpt.pt")):
+        train_sft.main(train_sft.Config(out_dir=r("sft"), seed=seed0))
+    if not os.path.exists(os.path.join(r("rm"), "ckpt.pt")):
+        train_rm.main(train_rm.Config(out_dir=r("rm"), sft_dir=r("sft"), seed=seed0))
+    rm = load_reward_model(r("rm"))
+    task = get_task("reviews", seed=seed0)
+    prompts = comparison_prompts(task, args.samples_per_prompt)
+    demos = task.sft_examples("eval")
+    path = os.path.join(ROOT, "bench", "results", "algorithms.json")
+    runs = []
+    if args.reuse and os.path.exists(path):
+        with open(path) as f:
+            runs = [x for x in json.load(f)["runs"] if x["method"] not in args.methods]
+
+    for name in [m for m in args.methods if m in METHODS]:
+        module, options = METHODS[name]
+        for seed in range(seed0, seed0 + args.seeds):
+            out_dir = r(f"{name}_s{seed}")
+            common = dict(out_dir=out_dir, sft_dir=r("sft"), seed=seed, **options)
+            if module is train_ppo:
+                common["rm_dir"] = r("rm")
+            start = time.time()
+            module.main(module.Config(**common))
+            seconds = time.time() - start
+            lines = read_metrics(out_dir)
+            evals = [e for e in lines if e.get("split") == "eval"]
+            run = {"method": name, "seed": seed, "seconds": round(seconds, 1),
+                   "gen_tokens": int(sum(e.get("gen_tokens", 0) for e in lines)),
+                   "kl": round(evals[-1]["kl"], 3),
+                   "frontier": [{"step": e["step"], "kl": round(e["kl"], 3),
+                                 "gold": round(e["gold"], 4)} for e in evals],
+                   **held_out_figures(out_dir, rm, task, prompts, 1, seed0, demos)}
+            print(json.dumps({k: v for k, v in run.items() if k != "frontier"}), flush=True)
+            runs.append(run)
+    if "best_of_n" in args.methods:
+        for n in (1, 4, 16):
+            start = time.time()
+            figures = held_out_figures(r("sft"), rm, task, prompts, n, seed0, demos)
+            runs.append({"method": f"best_of_{n}", "seed": seed0,
+                         "seconds": round(time.time() - start, 1),
+                         "gen_tokens": None,  # no training; sampling cost is per answer
+                         "kl": round(math.log(n) - (n - 1) / n, 3), **figures})
+            print(json.dumps(runs[-1]), flush=True)
+
+    summary = {}
+    for method in dict.fromkeys(x["method"] for x in runs):
+        rows = [x for x in runs if x["method"] == method]
+        gold, gold_se = mean_and_stderr([x["gold"] for x in rows])
+        summary[method] = {
+            "seeds": len(rows), "gold": gold,
+            "gold_stderr": gold_se if gold_se is not None else rows[0]["gold_stderr"],
+            **{k: mean_and_stderr([x[k] for x in rows])[0]
+               for k in ("rm_score", "kl", "well_formed", "distinct2", "seconds")},
+            "gen_tokens": rows[0]["gen_tokens"] and mean_and_stderr([x["gen_tokens"] for x in rows])[0]}
+    import torch
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+              "prompts": len(prompts) // args.samples_per_prompt,
+              "samples_per_prompt": args.samples_per_prompt, "summary": summary, "runs": runs}
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
