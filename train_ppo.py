@@ -68,6 +68,10 @@ class Config:
     grpo_norm: str = opt("grpo", "grpo: divide by the group's reward std and average each "
                                  "response's tokens | dr (Dr. GRPO): neither; token losses summed "
                                  "and divided by --max_new_tokens")
+    reduction: str = opt("auto", "how token losses become one number: token (mean over the "
+                                 "minibatch's tokens) | sequence (mean per response, then over "
+                                 "responses) | budget (sum per response / --max_new_tokens) | "
+                                 "auto (ppo token, grpo sequence, dr and rloo budget)")
     critic: str = opt("separate", "ppo: separate (own trunk, from the RM) | shared (value head "
                                   "on the actor)")
     max_iters: int = opt(200, "PPO iterations (rollouts + update)")
@@ -134,6 +138,8 @@ def check_config(cfg: Config):
         raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
     if cfg.kl_in not in ("auto", "reward", "loss"):
         raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
+    if cfg.reduction not in ("auto", "token", "sequence", "budget"):
+        raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
     if cfg.grpo_norm not in ("grpo", "dr"):
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
     if cfg.algo == "ppo" and cfg.kl_in == "loss":

@@ -104,6 +104,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="out/bench", help="folder for the runs")
     ap.add_argument("--skip_train", action="store_true", help="reuse the runs in --root")
+    ap.add_argument("--runs", nargs="+", default=list(PPO_RUNS), choices=list(PPO_RUNS),
+                    help="which PPO runs to train (default: all); the others are compared if "
+                         "their folders exist")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--samples_per_prompt", type=int, default=16,
                     help="responses per held-out prompt in the policy comparison")
@@ -114,7 +117,7 @@ def main():
         s_sft, sft = timed(train_sft.main, train_sft.Config(out_dir=r("sft"), seed=args.seed))
         s_rm, rm = timed(train_rm.main, train_rm.Config(out_dir=r("rm"), sft_dir=r("sft"), seed=args.seed))
         results.update(seconds={"sft": s_sft, "rm": s_rm}, sft=sft, rm=rm)
-        for name, options in PPO_RUNS.items():
+        for name, options in ((n, PPO_RUNS[n]) for n in args.runs):
             seconds, summary = timed(train_ppo.main, train_ppo.Config(
                 out_dir=r(name), sft_dir=r("sft"), rm_dir=r("rm"), seed=args.seed, **options))
             results["seconds"][name] = seconds
@@ -140,9 +143,13 @@ def main():
     results["compared"] = compared
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     path = os.path.join(ROOT, "bench", "results", "pipeline.json")
-    if args.skip_train and os.path.exists(path):
+    if (args.skip_train or len(args.runs) < len(PPO_RUNS)) and os.path.exists(path):
         with open(path) as f:
-            results = {**json.load(f), **results}
+            old = json.load(f)
+        # keep the earlier figures of what this invocation did not re-run, and say which are new
+        for key in ("seconds", "compared"):
+            results[key] = {**old.get(key, {}), **results.get(key, {})}
+        results = {**old, **results, "rerun": ([] if args.skip_train else ["sft", "rm", *args.runs])}
         results.pop("best_of_n", None)  # the 200-sample table of earlier versions
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

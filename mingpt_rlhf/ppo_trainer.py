@@ -86,8 +86,9 @@ class PPOTrainer:
         self.buffer = ReplayBuffer(pad_id)
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
         self.kl_in = cfg.kl_in if cfg.kl_in != "auto" else ("loss" if cfg.algo == "grpo" else "reward")
-        self.reduction = {"ppo": "token", "rloo": "budget",
-                          "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]
+        self.reduction = cfg.reduction if cfg.reduction != "auto" else {
+            "ppo": "token", "rloo": "budget",
+            "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]
         self.skipped_updates = 0  # updates skipped for a non-finite loss (should stay 0)
 
     # ------------------------------------------------------------------ forward passes

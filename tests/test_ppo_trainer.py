@@ -42,6 +42,7 @@ class Cfg:
     group_size: int = 4
     kl_in: str = "auto"
     grpo_norm: str = "grpo"
+    reduction: str = "auto"
 
 
 def count_target(sequences, attention_mask, action_mask):

@@ -252,8 +252,10 @@ def test_rm_gradient_accumulation_equals_one_big_batch(stages, tmp_path):
                              norm_samples=0))
     a = torch.load(tmp_path / "big" / "ckpt.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "accum" / "ckpt.pt", weights_only=False)["model"]
-    for k in a:  # the same pairs in each step; float sums in another order
-        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=2e-4)
+    for k in a:  # the same pairs in each step; float sums in another order, which Adam's
+        # division by sqrt(v) amplifies for parameters whose gradients are near 0 (seen: 2.4e-4
+        # after 10 steps with one thread)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-3)
     losses = [[e["loss"] for e in read_metrics(tmp_path / name) if "loss" in e]
               for name in ("big", "accum")]
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
@@ -391,6 +393,8 @@ def test_critic_free_groups_are_one_prompt_repeated(stages, tmp_path, monkeypatc
     (["--algo", "grpo", "--group_size", "5"], "multiple of"),
     (["--algo", "ppo", "--kl_in", "loss"], "--kl_in loss"),
     (["--algo", "grpo", "--grpo_norm", "x"], "--grpo_norm"),
+    (["--algo", "rloo", "--reduction", "max"], "--reduction"),
+    (["--generate_batch_size", "-1"], "--generate_batch_size"),
 ])
 def test_critic_free_bad_options_exit_2(stages, tmp_path, args, message):
     root, _, _ = stages
