@@ -449,3 +449,13 @@ def test_dpo_bad_options_exit_2(stages, tmp_path, args, message):
     r = subprocess.run([sys.executable, "train_dpo.py", "--sft_dir", str(root / "sft"),
                         "--out_dir", str(tmp_path / "d"), *args], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ptx_coef_auto_is_on_for_ppo_and_off_for_the_critic_free_methods():
+    for algo, expected in [("ppo", 0.02), ("grpo", 0.0), ("rloo", 0.0)]:
+        cfg = train_ppo.Config(algo=algo)
+        train_ppo.check_config(cfg)
+        assert cfg.ptx_coef == expected
+    cfg = train_ppo.Config(algo="rloo", ptx_coef=0.1)
+    train_ppo.check_config(cfg)
+    assert cfg.ptx_coef == 0.1
