@@ -92,7 +92,7 @@ class Config:
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
                                   "--kl_target (false: beta stays --kl_coef)")
-    kl_target: float = opt(6.0, "target KL to the SFT policy in nats per response: the sum over "
+    kl_target: float = opt(3.0, "target KL to the SFT policy in nats per response: the sum over "
                                 "the response's tokens of log pi(a) - log pi_sft(a), averaged "
                                 "over the rollout batch")
     kl_horizon: float = opt(10.0, "adaptive KL speed, in iterations: each iteration, log beta "

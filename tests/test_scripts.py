@@ -438,9 +438,10 @@ def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, tmp_path, monkeyp
 def test_dpo_with_lora_uses_the_adapters_off_as_reference(stages, tmp_path):
     import train_dpo
     root, _, _ = stages
-    train_dpo.main(dpo_cfg(tmp_path / "d", root / "sft", lora_rank=4))
+    train_dpo.main(dpo_cfg(tmp_path / "d", root / "sft", lora_rank=4, nll_coef=0.5))
     first = next(e for e in read_metrics(tmp_path / "d") if "reward_acc" in e)
-    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # the DPO loss alone
+    assert first["chosen_nll"] > 0  # the chosen responses' LM loss, nats per token
 
 
 @pytest.mark.parametrize("args,message", [(["--loss", "kto"], "--loss"), (["--beta", "0"], "--beta")])
