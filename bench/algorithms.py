@@ -62,9 +62,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="out/bench", help="folder of bench/pipeline.py's SFT and RM")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per method (1337, 1338, ...)")
+    ap.add_argument("--first_seed", type=int, default=1337, help="the first of the --seeds seeds")
     ap.add_argument("--methods", nargs="+", default=list(METHODS) + ["best_of_n"])
     ap.add_argument("--samples_per_prompt", type=int, default=16)
-    ap.add_argument("--reuse", action="store_true", help="score runs already in --root")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the runs already in the JSON that this invocation does not redo")
     args = ap.parse_args()
     r = lambda name: os.path.join(args.root, name)
     seed0 = 1337  # the SFT and RM seed, and the first method seed
@@ -77,14 +79,17 @@ def main():
     prompts = comparison_prompts(task, args.samples_per_prompt)
     demos = task.sft_examples("eval")
     path = os.path.join(ROOT, "bench", "results", "algorithms.json")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     runs = []
     if args.reuse and os.path.exists(path):
         with open(path) as f:
-            runs = [x for x in json.load(f)["runs"] if x["method"] not in args.methods]
+            runs = [x for x in json.load(f)["runs"]
+                    if not (x["method"] in args.methods and (x["seed"] in seeds
+                                                             or x["method"].startswith("best_of")))]
 
     for name in [m for m in args.methods if m in METHODS]:
         module, options = METHODS[name]
-        for seed in range(seed0, seed0 + args.seeds):
+        for seed in seeds:
             out_dir = r(f"{name}_s{seed}")
             common = dict(out_dir=out_dir, sft_dir=r("sft"), seed=seed, **options)
             if module is train_ppo:

@@ -305,10 +305,12 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--before", default="", help="git revision to measure as well (e.g. the "
                                                  "commit before a change)")
+    ap.add_argument("--before_code", default="", help="the files of --before already extracted "
+                    "(`git archive REV | tar -x -C DIR`), for a machine without the git history")
     ap.add_argument("--only", default="", help="comma-separated stages to run (ppo,sft,rm)")
     ap.add_argument("--critic", default="", help="only this PPO critic (shared or separate)")
     ap.add_argument("--where", default="", help="only the rows whose options match, e.g. "
-                                                "lora_rank=16 (written to a file named after it)")
+                                                "lora_rank=16 or lora_rank=0,grad_checkpoint=True (named in the file name)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument("--mmap_threshold", type=int, default=0,
                     help="glibc MALLOC_MMAP_THRESHOLD_ for the workers (0 = glibc's dynamic "
@@ -323,17 +325,17 @@ def main():
     prepare(folder, args.shape, args.batch)
     codes = [("after", ROOT)]
     if args.before:
-        codes.insert(0, (f"before ({args.before})", extract_revision(args.before)))
+        code = os.path.abspath(args.before_code) if args.before_code else extract_revision(args.before)
+        codes.insert(0, (f"before ({args.before})", code))
     rows = []
     for spec in specs(args):
         if args.only and spec["stage"] not in args.only.split(","):
             continue
         if args.critic and spec["options"].get("critic", args.critic) != args.critic:
             continue
-        if args.where:
-            key, value = args.where.split("=")
-            if str(spec["options"].get(key)) != value:
-                continue
+        if args.where and any(str(spec["options"].get(key)) != value for key, value in
+                              (cond.split("=") for cond in args.where.split(","))):
+            continue
         for label, code in codes:
             options = spec["options"] if code == ROOT else old_options(spec["options"])
             if options is None:
@@ -352,7 +354,7 @@ def main():
               "mmap_threshold": args.mmap_threshold or "glibc default", "rows": rows}
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
-    suffix = ("_mmap" if args.mmap_threshold else "") + (f"_{args.where.replace('=', '')}" if args.where else "")
+    suffix = ("_mmap" if args.mmap_threshold else "") + (f"_{args.where.replace('=', '').replace(',', '_')}" if args.where else "")
     path = os.path.join(ROOT, "bench", "results",
                         f"gpt2_scale_{args.device}_{args.shape}_{args.batch}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
