@@ -46,7 +46,8 @@ PPO_RUNS = {
     "ppo_kl0": {"kl_coef": 0.0, "adaptive_kl": False},  # what the KL penalty is for
     "ppo_ptx0": {"ptx_coef": 0.0},                     # what the ptx loss is for
     "ppo_ptx0.1": {"ptx_coef": 0.1},                   # a stronger ptx loss
-}
+    "ppo_fixed_beta": {"adaptive_kl": False},          # beta 0.05 throughout, as before the
+}                                                      # adaptive controller could move it
 
 
 def off_taste(task, prompts, texts) -> float:
@@ -107,6 +108,8 @@ def main():
     ap.add_argument("--runs", nargs="+", default=list(PPO_RUNS), choices=list(PPO_RUNS),
                     help="which PPO runs to train (default: all); the others are compared if "
                          "their folders exist")
+    ap.add_argument("--reuse_sft_rm", action="store_true",
+                    help="train only the --runs, from the SFT and RM already in --root")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--samples_per_prompt", type=int, default=16,
                     help="responses per held-out prompt in the policy comparison")
@@ -114,15 +117,18 @@ def main():
     r = lambda name: os.path.join(args.root, name)
     results = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if not args.skip_train:
-        s_sft, sft = timed(train_sft.main, train_sft.Config(out_dir=r("sft"), seed=args.seed))
-        s_rm, rm = timed(train_rm.main, train_rm.Config(out_dir=r("rm"), sft_dir=r("sft"), seed=args.seed))
-        results.update(seconds={"sft": s_sft, "rm": s_rm}, sft=sft, rm=rm)
+        results["seconds"] = {}
+        if not args.reuse_sft_rm:
+            s_sft, sft = timed(train_sft.main, train_sft.Config(out_dir=r("sft"), seed=args.seed))
+            s_rm, rm = timed(train_rm.main, train_rm.Config(out_dir=r("rm"), sft_dir=r("sft"), seed=args.seed))
+            results.update(seconds={"sft": s_sft, "rm": s_rm}, sft=sft, rm=rm)
         for name, options in ((n, PPO_RUNS[n]) for n in args.runs):
             seconds, summary = timed(train_ppo.main, train_ppo.Config(
                 out_dir=r(name), sft_dir=r("sft"), rm_dir=r("rm"), seed=args.seed, **options))
             results["seconds"][name] = seconds
             results[name] = summary
-        results["seconds"]["pipeline"] = s_sft + s_rm + results["seconds"]["ppo"]
+        if not args.reuse_sft_rm and "ppo" in args.runs:
+            results["seconds"]["pipeline"] = s_sft + s_rm + results["seconds"]["ppo"]
 
     # Best-of-n from the SFT policy next to the PPO policies, all on PPO's held-out eval prompts,
     # each prompt sampled --samples_per_prompt times, scored like PPO scores.
@@ -149,7 +155,8 @@ def main():
         # keep the earlier figures of what this invocation did not re-run, and say which are new
         for key in ("seconds", "compared"):
             results[key] = {**old.get(key, {}), **results.get(key, {})}
-        results = {**old, **results, "rerun": ([] if args.skip_train else ["sft", "rm", *args.runs])}
+        results = {**old, **results, "rerun": ([] if args.skip_train else
+                                             [*([] if args.reuse_sft_rm else ["sft", "rm"]), *args.runs])}
         results.pop("best_of_n", None)  # the 200-sample table of earlier versions
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
