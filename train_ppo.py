@@ -62,12 +62,13 @@ class Config:
     algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
                            "rloo (leave-one-out baseline, no critic); see README, 'Methods'")
     group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
-    kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed per "
-                             "response for grpo / rloo) | loss (grpo / rloo: beta * k3 per token "
-                             "in the loss) | auto (loss for grpo, reward otherwise)")
-    grpo_norm: str = opt("grpo", "grpo: divide by the group's reward std and average each "
-                                 "response's tokens | dr (Dr. GRPO): neither; token losses summed "
-                                 "and divided by --max_new_tokens")
+    kl_in: str = opt("reward", "where the KL penalty goes: reward (k1 per token for ppo, summed "
+                               "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
+                               "token in the loss, as the GRPO paper; measured weaker here, see "
+                               "README 'Which method')")
+    grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
+                               "--max_new_tokens | grpo (the paper): divide by the group's reward "
+                               "std and average each response's tokens")
     reduction: str = opt("auto", "how token losses become one number: token (mean over the "
                                  "minibatch's tokens) | sequence (mean per response, then over "
                                  "responses) | budget (sum per response / --max_new_tokens) | "
@@ -142,15 +143,15 @@ def check_config(cfg: Config):
                         f"got {cfg.generate_batch_size}")
     if cfg.algo not in ("ppo", "grpo", "rloo"):
         raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
-    if cfg.kl_in not in ("auto", "reward", "loss"):
-        raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
+    if cfg.kl_in not in ("reward", "loss"):
+        raise UserError(f"--kl_in must be reward or loss, got {cfg.kl_in!r}")
     if cfg.reduction not in ("auto", "token", "sequence", "budget"):
         raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
     if cfg.grpo_norm not in ("grpo", "dr"):
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
     if cfg.algo == "ppo" and cfg.kl_in == "loss":
         raise UserError("--kl_in loss is for grpo / rloo; ppo keeps the KL in its per-token "
-                        "reward (--kl_in reward or auto)")
+                        "reward (--kl_in reward)")
     if cfg.algo != "ppo" and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "

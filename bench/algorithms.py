@@ -5,8 +5,9 @@
 
 Every method starts from the same SFT checkpoint and (the RL methods) the same reward model:
 those of bench/pipeline.py in --root (trained first if missing). Each method runs with its
-script's defaults; only --seed changes between seeds. Two ablations (not run unless
-named in --methods): grpo_kl_reward and dr_grpo_kl_reward put GRPO's KL in the reward. For each run:
+script's defaults; only --seed changes between seeds. Three more rows take GRPO apart:
+GRPO as published (each group's rewards divided by their std, KL in the loss as k3 per
+token), and each of those two choices alone. For each run:
 - cost: wall seconds on this machine and the tokens generated during training (gen_tokens
   summed over iterations; DPO generates none, it only evaluates);
 - quality, on the same 3,200 held-out responses as bench/pipeline.py (PPO's 200 eval prompts,
@@ -39,15 +40,14 @@ from pipeline import comparison_prompts, held_out_figures, load_reward_model  # 
 
 METHODS = {  # name: (script, options beyond the defaults)
     "ppo": (train_ppo, {}),
-    "grpo": (train_ppo, {"algo": "grpo"}),
-    "dr_grpo": (train_ppo, {"algo": "grpo", "grpo_norm": "dr"}),
+    "grpo": (train_ppo, {"algo": "grpo"}),  # defaults: Dr. GRPO's normalisation, KL in the reward
     "rloo": (train_ppo, {"algo": "rloo"}),
     "dpo": (train_dpo, {}),
-    # ablations: GRPO's KL moved from the loss (k3 per token) to the reward, as PPO and RLOO have it
-    "grpo_kl_reward": (train_ppo, {"algo": "grpo", "kl_in": "reward"}),
-    "dr_grpo_kl_reward": (train_ppo, {"algo": "grpo", "grpo_norm": "dr", "kl_in": "reward"}),
+    # GRPO as published, and the two halves of the difference
+    "grpo_std_kl_reward": (train_ppo, {"algo": "grpo", "grpo_norm": "grpo"}),
+    "grpo_std_kl_loss": (train_ppo, {"algo": "grpo", "grpo_norm": "grpo", "kl_in": "loss"}),
+    "dr_grpo_kl_loss": (train_ppo, {"algo": "grpo", "kl_in": "loss"}),
 }
-DEFAULTS = ["ppo", "grpo", "dr_grpo", "rloo", "dpo"]  # each script's defaults
 
 
 def read_metrics(out_dir):
@@ -68,7 +68,7 @@ def main():
     ap.add_argument("--root", default="out/bench", help="folder of bench/pipeline.py's SFT and RM")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per method (1337, 1338, ...)")
     ap.add_argument("--first_seed", type=int, default=1337, help="the first of the --seeds seeds")
-    ap.add_argument("--methods", nargs="+", default=DEFAULTS + ["best_of_n"],
+    ap.add_argument("--methods", nargs="+", default=list(METHODS) + ["best_of_n"],
                     choices=list(METHODS) + ["best_of_n"])
     ap.add_argument("--samples_per_prompt", type=int, default=16)
     ap.add_argument("--reuse", action="store_true",

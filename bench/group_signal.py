@@ -58,7 +58,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="out/bench", help="folder of bench/algorithms.py's runs")
     ap.add_argument("--policies", nargs="+",
-                    default=["sft", "ppo_s1337", "grpo_s1337", "dr_grpo_s1337", "rloo_s1337"])
+                    default=["sft", "ppo_s1337", "grpo_std_kl_loss_s1337", "dr_grpo_kl_loss_s1337",
+                             "rloo_s1337"])
     ap.add_argument("--groups", type=int, default=200, help="held-out prompts, k responses each")
     ap.add_argument("--group_size", type=int, default=train_ppo.Config().group_size)
     ap.add_argument("--seed", type=int, default=1337)

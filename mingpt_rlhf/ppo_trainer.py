@@ -85,7 +85,7 @@ class PPOTrainer:
                            if critic is not None else None)
         self.buffer = ReplayBuffer(pad_id)
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
-        self.kl_in = cfg.kl_in if cfg.kl_in != "auto" else ("loss" if cfg.algo == "grpo" else "reward")
+        self.kl_in = cfg.kl_in
         self.reduction = cfg.reduction if cfg.reduction != "auto" else {
             "ppo": "token", "rloo": "budget",
             "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]

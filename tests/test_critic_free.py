@@ -106,9 +106,9 @@ def grouped_prompts(n_prompts, k, seed=1):
     return ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "rloo"])
-def test_first_minibatch_has_ratio_one_and_no_kl_loss(algo):
-    tr = make_trainer(Cfg(algo=algo, group_size=4), critic_free=True)
+@pytest.mark.parametrize("algo,kl_in", [("grpo", "loss"), ("grpo", "reward"), ("rloo", "reward")])
+def test_first_minibatch_has_ratio_one_and_no_kl_loss(algo, kl_in):
+    tr = make_trainer(Cfg(algo=algo, group_size=4, kl_in=kl_in), critic_free=True)
     exp, stats = tr.make_experience(*grouped_prompts(4, 4), torch.Generator().manual_seed(0))
     assert stats["kl"] == 0.0 and 0.0 <= stats["zero_groups"] <= 1.0
     # every token of a response carries its response's advantage
@@ -118,10 +118,7 @@ def test_first_minibatch_has_ratio_one_and_no_kl_loss(algo):
     tr.buffer.add(exp)
     out = tr.learn(torch.Generator().manual_seed(1))
     assert out["minibatch_steps"] > 0
-    if algo == "grpo":  # KL in the loss by default; identical policies at the first minibatch
-        assert tr.kl_in == "loss" and "kl_loss" in out
-    else:
-        assert tr.kl_in == "reward" and "kl_loss" not in out
+    assert ("kl_loss" in out) == (kl_in == "loss")  # logged only with the KL in the loss
 
 
 def test_a_group_must_be_one_prompt_k_times():
@@ -135,7 +132,7 @@ def test_a_group_must_be_one_prompt_k_times():
 
 
 def test_grpo_kl_loss_is_k3_of_the_new_policy_against_the_reference():
-    tr = make_trainer(Cfg(algo="grpo", group_size=4, ppo_epochs=2), critic_free=True)
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, ppo_epochs=2, kl_in="loss"), critic_free=True)
     g = torch.Generator().manual_seed(0)
     tr.step([grouped_prompts(4, 4)], g, torch.Generator().manual_seed(1))  # moves the policy
     exp, stats = tr.make_experience(*grouped_prompts(4, 4, seed=2), g)
@@ -145,10 +142,11 @@ def test_grpo_kl_loss_is_k3_of_the_new_policy_against_the_reference():
     assert out["kl_loss"] > 0
 
 
-@pytest.mark.parametrize("algo,norm", [("grpo", "grpo"), ("grpo", "dr"), ("rloo", "grpo")])
-def test_critic_free_methods_raise_a_trivial_reward(algo, norm):
+@pytest.mark.parametrize("algo,norm,kl_in", [("grpo", "grpo", "loss"), ("grpo", "grpo", "reward"),
+                                             ("grpo", "dr", "reward"), ("rloo", "grpo", "reward")])
+def test_critic_free_methods_raise_a_trivial_reward(algo, norm, kl_in):
     """+1 per occurrence of token 5 (as the PPO learning test): 16 prompts x 4 samples."""
-    tr = make_trainer(Cfg(algo=algo, group_size=4, grpo_norm=norm, max_new_tokens=8,
+    tr = make_trainer(Cfg(algo=algo, group_size=4, grpo_norm=norm, kl_in=kl_in, max_new_tokens=8,
                           minibatch_size=16), critic_free=True)
     g = torch.Generator().manual_seed(0)
     batch = grouped_prompts(16, 4)

@@ -40,8 +40,8 @@ class Cfg:
     generate_batch_size: int = 0
     algo: str = "ppo"
     group_size: int = 4
-    kl_in: str = "auto"
-    grpo_norm: str = "grpo"
+    kl_in: str = "reward"
+    grpo_norm: str = "dr"
     reduction: str = "auto"
 
 

@@ -346,7 +346,7 @@ def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path):
     assert r.returncode == 2 and "--kl_coef 0" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("algo,extra", [("grpo", {}), ("grpo", {"grpo_norm": "dr", "kl_in": "reward"}),
+@pytest.mark.parametrize("algo,extra", [("grpo", {}), ("grpo", {"grpo_norm": "grpo", "kl_in": "loss"}),
                                         ("rloo", {})])
 def test_critic_free_runs_and_resumes_exactly(stages, tmp_path, monkeypatch, algo, extra):
     root, _, _ = stages
@@ -364,7 +364,7 @@ def test_critic_free_runs_and_resumes_exactly(stages, tmp_path, monkeypatch, alg
         torch.testing.assert_close(a["actor"][k], b["actor"][k], rtol=0, atol=1e-6)
     train = [e for e in read_metrics(tmp_path / "straight") if "zero_groups" in e]
     assert train and all(0 <= e["zero_groups"] <= 1 and e["gen_tokens"] > 0 for e in train)
-    assert ("kl_loss" in train[0]) == (algo == "grpo" and extra.get("kl_in") != "reward")
+    assert ("kl_loss" in train[0]) == (extra.get("kl_in") == "loss")
 
 
 def test_critic_free_groups_are_one_prompt_repeated(stages, tmp_path, monkeypatch):
