@@ -1,0 +1,178 @@
+"""Sample from a trained policy: one prompt, a file of prompts, or an interactive loop.
+
+    python sample.py --ckpt_dir out/ppo --prompt "the plot was"
+    python sample.py --ckpt_dir out/ppo --prompts prompts.jsonl --num_samples 4
+    python sample.py --ckpt_dir out/ppo --compare out/sft --rm_dir out/rm --prompt "the cast felt"
+    python sample.py --ckpt_dir out/ppo      # no --prompt, a terminal: one prompt per line
+
+Any checkpoint a policy stage writes works: SFT, PPO, GRPO, RLOO, DPO (LoRA runs save merged
+weights). A reward model's checkpoint is not a policy and is refused. `--compare DIR` samples a
+second policy on the same prompts with the same seed and prints the two side by side;
+`--rm_dir` adds the reward model's score of each response, and on the built-in task (word
+tokenizer) the gold reward is printed too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from mingpt_rlhf.checkpoint import load_checkpoint, load_policy, load_state_dict_checked
+from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.evaluate import generate_batches, response_texts
+from mingpt_rlhf.heads import RewardModel
+from mingpt_rlhf.model import GPTConfig
+from mingpt_rlhf.runtime import pick_device
+from mingpt_rlhf.tasks import get_task
+from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
+
+
+@dataclass
+class Config:
+    ckpt_dir: str = opt("out/ppo", "folder of the policy to sample (SFT, PPO, GRPO, RLOO or DPO)")
+    prompt: str = opt("", "one prompt (none: read --prompts, or prompts typed one per line)")
+    prompts: str = opt("", "JSONL file of {prompt} lines to answer")
+    num_samples: int = opt(1, "responses per prompt")
+    max_new_tokens: int = opt(32, "longest response, in tokens")
+    temperature: float = opt(1.0, "sampling temperature (> 0; lower is more conservative)")
+    top_k: int = opt(0, "sample among the k likeliest tokens only (0 = all)")
+    top_p: float = opt(1.0, "sample from the smallest set of tokens whose probability reaches p (1 = all)")
+    seed: int = opt(1337, "random seed (the same seed gives the same responses)")
+    compare: str = opt("", "a second policy folder, sampled on the same prompts for comparison")
+    rm_dir: str = opt("", "a reward model folder: print its score of each response")
+    task: str = opt("reviews", "built-in task whose gold reward is printed (word-tokenizer policies)")
+    device: str = opt("auto", "auto | cpu | cuda | mps")
+
+
+def load_sampler(folder: str, device):
+    """(policy, tokenizer) from a policy checkpoint folder; a reward model is refused."""
+    path = os.path.join(folder, "ckpt.pt")
+    stage = load_checkpoint(path, "checkpoint", "pass the folder of a trained policy").get("stage")
+    if stage == "rm":
+        raise UserError(f"{path} is a reward model, not a policy: sample from an SFT, PPO, GRPO, "
+                        f"RLOO or DPO folder, and pass this one as --rm_dir to score responses")
+    policy, tokenizer, _ = load_policy(folder)
+    return policy.to(device), tokenizer
+
+
+def load_reward_model(folder: str, device):
+    path = os.path.join(folder, "ckpt.pt")
+    ckpt = load_checkpoint(path, "reward model", "train one with train_rm.py")
+    if ckpt.get("stage") != "rm":
+        raise UserError(f"{path} is not a reward model (stage {ckpt.get('stage')!r}); pass "
+                        "the folder train_rm.py wrote")
+    rm = RewardModel(GPTConfig(**ckpt["model_config"]))
+    load_state_dict_checked(rm, ckpt["model"], path)
+    rm.gpt.set_dropout(0.0)
+    return rm.to(device).eval()
+
+
+def read_prompts(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"no prompts file at {path}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; save it as UTF-8 JSONL") from None
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"{path} line {i} is not JSON; expected {{\"prompt\": ...}}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise UserError(f"{path} line {i} has no \"prompt\" string")
+        prompts.append(row["prompt"])
+    if not prompts:
+        raise UserError(f"{path} holds no prompts")
+    return prompts
+
+
+def check_config(cfg: Config) -> None:
+    require_positive(cfg, "num_samples", "max_new_tokens", "temperature")
+    if cfg.top_k < 0 or not 0 < cfg.top_p <= 1:
+        raise UserError("--top_k must be >= 0 and --top_p in (0, 1]")
+    if cfg.prompt and cfg.prompts:
+        raise UserError("pass --prompt or --prompts, not both")
+
+
+class Answerer:
+    """Samples each loaded policy on a list of prompts and formats the answers."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, device = cfg, pick_device(cfg.device)
+        self.policies = [(cfg.ckpt_dir, *load_sampler(cfg.ckpt_dir, device))]
+        if cfg.compare:
+            self.policies.append((cfg.compare, *load_sampler(cfg.compare, device)))
+            if not same_tokenizer(self.policies[0][2], self.policies[1][2]):
+                raise UserError(f"{cfg.compare} uses another tokenizer than {cfg.ckpt_dir}; "
+                                "compare policies trained from the same SFT run")
+        self.rm = load_reward_model(cfg.rm_dir, device) if cfg.rm_dir else None
+        self.task = get_task(cfg.task) if isinstance(self.policies[0][2], WordTokenizer) else None
+
+    def answer(self, prompts: list[str]) -> list[dict]:
+        """One row per (prompt, sample): the prompt and, per policy, response and scores."""
+        cfg = self.cfg
+        repeated = [p for p in prompts for _ in range(cfg.num_samples)]
+        rows = [{"prompt": p} for p in repeated]
+        for name, policy, tokenizer in self.policies:
+            generator = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.seed)
+            texts, scores = [], []
+            for out in generate_batches(policy, tokenizer, repeated, cfg.max_new_tokens,
+                                        temperature=cfg.temperature, top_k=cfg.top_k or None,
+                                        top_p=cfg.top_p if cfg.top_p < 1 else None,
+                                        generator=generator):
+                texts += response_texts(tokenizer, out)
+                if self.rm is not None:
+                    with torch.no_grad():
+                        scores += self.rm(out.sequences, out.attention_mask).float().tolist()
+            for i, (row, text) in enumerate(zip(rows, texts)):
+                entry = {"response": text}
+                if self.rm is not None:
+                    entry["rm_score"] = round(scores[i], 3)
+                if self.task is not None:
+                    entry["gold"] = round(self.task.gold_reward(row["prompt"], text), 3)
+                row[name] = entry
+        return rows
+
+    def show(self, rows: list[dict], out=sys.stdout) -> None:
+        for row in rows:
+            print(f"[{row['prompt']}]", file=out)
+            for name, _, _ in self.policies:
+                entry = row[name]
+                figures = "".join(f"  {k} {entry[k]:+.3f}" for k in ("rm_score", "gold") if k in entry)
+                label = f"{name}: " if len(self.policies) > 1 else ""
+                print(f"  {label}{entry['response']}{figures}", file=out)
+
+
+def main(cfg: Config, stdin=None, out=None):
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    check_config(cfg)
+    prompts = [cfg.prompt] if cfg.prompt else read_prompts(cfg.prompts) if cfg.prompts else None
+    answerer = Answerer(cfg)
+    if prompts is not None:
+        rows = answerer.answer(prompts)
+        answerer.show(rows, out)
+        return rows
+    # no prompt given: one prompt per line from stdin (a terminal or a pipe); empty line or EOF ends
+    interactive = stdin.isatty()
+    rows = []
+    while True:
+        if interactive:
+            print("prompt> ", end="", file=out, flush=True)
+        line = stdin.readline()
+        if not line.strip():
+            break
+        answered = answerer.answer([line.strip()])
+        answerer.show(answered, out)
+        rows += answered
+    return rows
+
+
+if __name__ == "__main__":
+    run(main, Config)
