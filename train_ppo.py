@@ -40,6 +40,7 @@ from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, RewardModel
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPTConfig
+from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
@@ -405,6 +406,7 @@ def main(cfg: Config) -> dict:
         for k in ["gold", "rm_score", "well_formed", "kl", "distinct2"]:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
+    picture_of_run(cfg.out_dir)
     return summary
 
 

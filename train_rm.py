@@ -36,6 +36,7 @@ from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
                                  resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
@@ -258,6 +259,7 @@ def main(cfg: Config) -> dict:
     save(max_iters, normalised=cfg.norm_samples > 0)
     summary = log.log(max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    picture_of_run(cfg.out_dir)
     return summary
 
 

@@ -33,6 +33,7 @@ from mingpt_rlhf.logprobs import lm_loss
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
                                  resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
@@ -228,6 +229,7 @@ def main(cfg: Config) -> dict:
     save(cfg.max_iters)
     summary = log.log(cfg.max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    picture_of_run(cfg.out_dir)
     return summary
 
 

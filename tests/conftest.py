@@ -1,7 +1,13 @@
+import os
+
 import pytest
 import torch
 
 from mingpt_rlhf.model import GPT, GPTConfig
+
+# the training scripts draw their curves at the end when matplotlib is installed; the tests run
+# them dozens of times, so only tests/test_plot.py draws (it turns this back on)
+os.environ["MINGPT_RLHF_PLOT"] = "0"
 
 
 @pytest.fixture
