@@ -50,6 +50,39 @@ METHODS = {  # name: (script, options beyond the defaults)
 }
 
 
+def draw_frontier(result: dict, png: str) -> None:
+    """Gold against KL to the SFT policy: each RL method's periodic evals (mean over seeds at
+    each eval), its final figure on the 3,200 responses (a large dot), best-of-n's points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for method, figures in result["summary"].items():
+        rows = [x for x in result["runs"] if x["method"] == method]
+        if method.startswith("best_of"):
+            ax.scatter([figures["kl"]], [figures["gold"]], marker="s", color="black", zorder=3)
+            ax.annotate(method.replace("_", "-"), (figures["kl"], figures["gold"]),
+                        textcoords="offset points", xytext=(5, -10), fontsize=8)
+            continue
+        steps = sorted({e["step"] for e in rows[0]["frontier"]})
+        at = lambda step, key: [e[key] for x in rows for e in x["frontier"] if e["step"] == step]  # noqa: E731
+        kl = [sum(at(st, "kl")) / len(at(st, "kl")) for st in steps]
+        gold = [sum(at(st, "gold")) / len(at(st, "gold")) for st in steps]
+        line, = ax.plot(kl, gold, marker=".", linewidth=1, alpha=0.8,
+                        linestyle="-" if method in ("ppo", "grpo", "rloo", "dpo") else ":",
+                        label=f"{method} (final gold {figures['gold']:.3f})")
+        ax.scatter([figures["kl"]], [figures["gold"]], s=60, color=line.get_color(), zorder=3)
+    ax.set_xlabel("KL to the SFT policy (nats per response)")
+    ax.set_ylabel("gold reward")
+    ax.set_title("Reward-vs-KL frontier on the built-in task (evals: mean of 3 seeds)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    print(f"wrote {png}")
+
+
 def read_metrics(out_dir):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -71,9 +104,15 @@ def main():
     ap.add_argument("--methods", nargs="+", default=list(METHODS) + ["best_of_n"],
                     choices=list(METHODS) + ["best_of_n"])
     ap.add_argument("--samples_per_prompt", type=int, default=16)
+    ap.add_argument("--draw_only", action="store_true",
+                    help="only redraw bench/results/algorithms_frontier.png from the JSON (needs matplotlib)")
     ap.add_argument("--reuse", action="store_true",
                     help="keep the runs already in the JSON that this invocation does not redo")
     args = ap.parse_args()
+    path = os.path.join(ROOT, "bench", "results", "algorithms.json")
+    if args.draw_only:
+        with open(path) as f:
+            return draw_if_possible(json.load(f))
     r = lambda name: os.path.join(args.root, name)
     seed0 = 1337  # the SFT and RM seed, and the first method seed
     if not os.path.exists(os.path.join(r("sft"), "ckpt.pt")):
@@ -84,7 +123,6 @@ def main():
     task = get_task("reviews", seed=seed0)
     prompts = comparison_prompts(task, args.samples_per_prompt)
     demos = task.sft_examples("eval")
-    path = os.path.join(ROOT, "bench", "results", "algorithms.json")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     runs = []
     if args.reuse and os.path.exists(path):
@@ -141,6 +179,14 @@ def main():
         json.dump(result, f, indent=1)
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")
+    draw_if_possible(result)
+
+
+def draw_if_possible(result: dict) -> None:
+    try:
+        draw_frontier(result, os.path.join(ROOT, "bench", "results", "algorithms_frontier.png"))
+    except ImportError:
+        print('no picture: pip install -e ".[plot]" for matplotlib')
 
 
 if __name__ == "__main__":
