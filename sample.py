@@ -13,19 +13,17 @@ tokenizer) the gold reward is printed too.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from mingpt_rlhf.checkpoint import load_checkpoint, load_policy, load_state_dict_checked
+from mingpt_rlhf.checkpoint import load_checkpoint, load_policy, load_reward_model
 from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.data import load_prompts_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts
-from mingpt_rlhf.heads import RewardModel
-from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.runtime import pick_device
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
@@ -59,40 +57,6 @@ def load_sampler(folder: str, device):
     return policy.to(device), tokenizer
 
 
-def load_reward_model(folder: str, device):
-    path = os.path.join(folder, "ckpt.pt")
-    ckpt = load_checkpoint(path, "reward model", "train one with train_rm.py")
-    if ckpt.get("stage") != "rm":
-        raise UserError(f"{path} is not a reward model (stage {ckpt.get('stage')!r}); pass "
-                        "the folder train_rm.py wrote")
-    rm = RewardModel(GPTConfig(**ckpt["model_config"]))
-    load_state_dict_checked(rm, ckpt["model"], path)
-    rm.gpt.set_dropout(0.0)
-    return rm.to(device).eval()
-
-
-def read_prompts(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"no prompts file at {path}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text; save it as UTF-8 JSONL") from None
-    prompts = []
-    for i, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise UserError(f"{path} line {i} is not JSON; expected {{\"prompt\": ...}}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UserError(f"{path} line {i} has no \"prompt\" string")
-        prompts.append(row["prompt"])
-    if not prompts:
-        raise UserError(f"{path} holds no prompts")
-    return prompts
-
-
 def check_config(cfg: Config) -> None:
     require_positive(cfg, "num_samples", "max_new_tokens", "temperature")
     if cfg.top_k < 0 or not 0 < cfg.top_p <= 1:
@@ -112,7 +76,7 @@ class Answerer:
             if not same_tokenizer(self.policies[0][2], self.policies[1][2]):
                 raise UserError(f"{cfg.compare} uses another tokenizer than {cfg.ckpt_dir}; "
                                 "compare policies trained from the same SFT run")
-        self.rm = load_reward_model(cfg.rm_dir, device) if cfg.rm_dir else None
+        self.rm = load_reward_model(cfg.rm_dir).to(device) if cfg.rm_dir else None
         self.task = get_task(cfg.task) if isinstance(self.policies[0][2], WordTokenizer) else None
 
     def answer(self, prompts: list[str]) -> list[dict]:
@@ -153,7 +117,7 @@ class Answerer:
 def main(cfg: Config, stdin=None, out=None):
     stdin, out = stdin or sys.stdin, out or sys.stdout
     check_config(cfg)
-    prompts = [cfg.prompt] if cfg.prompt else read_prompts(cfg.prompts) if cfg.prompts else None
+    prompts = [cfg.prompt] if cfg.prompt else load_prompts_jsonl(cfg.prompts) if cfg.prompts else None
     answerer = Answerer(cfg)
     if prompts is not None:
         rows = answerer.answer(prompts)

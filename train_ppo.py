@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
                                     load_state_dict_checked, resume_checkpoint, resume_state,
+                                    reward_model_from,
                                     rng_state, save_checkpoint, set_rng_state,
                                     weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_positive, run
@@ -37,7 +38,7 @@ from mingpt_rlhf.data import (SFTData, encode_prompt, holdout_split, left_pad, l
                               load_sft_jsonl)
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
-from mingpt_rlhf.heads import Critic, RewardModel
+from mingpt_rlhf.heads import Critic
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.plot import picture_of_run
@@ -191,10 +192,7 @@ def load_models(cfg: Config, device, dtype):
         ref = None  # the actor with its adapters switched off: no second copy of the model
     else:
         ref = copy.deepcopy(actor).requires_grad_(False)
-    rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
-    load_state_dict_checked(rm, rm_ckpt["model"], rm_path)
-    rm.gpt.set_dropout(0.0)
-    rm = rm.to(device).eval().requires_grad_(False)
+    rm = reward_model_from(rm_ckpt, rm_path).to(device)
     critic = value_head = None
     if cfg.algo != "ppo":
         pass  # critic-free: the group is the baseline

@@ -32,11 +32,9 @@ import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.bestofn import best_of_n  # noqa: E402
-from mingpt_rlhf.checkpoint import load_checkpoint, load_policy  # noqa: E402
+from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402,F401 (the benches share it)
 from mingpt_rlhf.data import SFTData  # noqa: E402
 from mingpt_rlhf.evaluate import distinct_n  # noqa: E402
-from mingpt_rlhf.heads import RewardModel  # noqa: E402
-from mingpt_rlhf.model import GPTConfig  # noqa: E402
 from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402
 
 
@@ -54,13 +52,6 @@ def off_taste(task, prompts, texts) -> float:
     """Share of the well-formed responses that still use a negative or neutral adjective."""
     kept = [t for p, t in zip(prompts, texts) if task.well_formed(p, t)]
     return sum(any(ADJECTIVES.get(w, 1) < 1 for w in t.split()) for t in kept) / max(1, len(kept))
-
-
-def load_reward_model(rm_dir):
-    rm_ckpt = load_checkpoint(os.path.join(rm_dir, "ckpt.pt"))
-    rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
-    rm.load_state_dict(rm_ckpt["model"])
-    return rm.eval()
 
 
 def comparison_prompts(task, samples_per_prompt):

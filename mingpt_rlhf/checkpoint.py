@@ -122,6 +122,27 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def reward_model_from(ckpt: dict, path: str):
+    """The frozen RewardModel (eval mode, dropout off, no gradients) saved in a train_rm.py
+    checkpoint already loaded from `path`; another stage's checkpoint is refused."""
+    from .heads import RewardModel
+    from .model import GPTConfig
+    if ckpt.get("stage") != "rm":
+        raise UserError(f"{path} is not a reward model (it was written by stage "
+                        f"{ckpt.get('stage')!r}); pass the folder train_rm.py wrote")
+    rm = RewardModel(GPTConfig(**ckpt["model_config"]))
+    load_state_dict_checked(rm, ckpt["model"], path)
+    rm.gpt.set_dropout(0.0)
+    return rm.eval().requires_grad_(False)
+
+
+def load_reward_model(rm_dir: str):
+    """`reward_model_from` the checkpoint in `rm_dir`."""
+    path = os.path.join(rm_dir, "ckpt.pt")
+    return reward_model_from(load_checkpoint(path, "reward model checkpoint",
+                                             "run train_rm.py first or pass --rm_dir"), path)
+
+
 def load_policy(sft_dir: str, init_from: str = ""):
     """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
     or GPT-2 weights when `init_from` names a model or folder (skipping SFT).

@@ -35,23 +35,27 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
     if not os.path.isfile(path):
         raise UserError(f"{what} file {path} does not exist; check the path")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one "
-                                f"JSON object") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-            fits = [alt for alt in required if all(isinstance(obj.get(k), str) for k in alt)]
-            if not fits:
-                wanted = " or ".join("{" + ", ".join(f'"{k}": str' for k in alt) + "}"
-                                     for alt in required)
-                raise UserError(f"{path}:{n}: expected {wanted}, got keys {sorted(obj)}")
-            rows.append((n, obj))
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")  # not splitlines(): JSON strings may hold U+2028
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8 JSONL") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one "
+                            f"JSON object") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+        fits = [alt for alt in required if all(isinstance(obj.get(k), str) for k in alt)]
+        if not fits:
+            wanted = " or ".join("{" + ", ".join(f'"{k}": str' for k in alt) + "}"
+                                 for alt in required)
+            raise UserError(f"{path}:{n}: expected {wanted}, got keys {sorted(obj)}")
+        rows.append((n, obj))
     if not rows:
         raise UserError(f"{what} file {path} has no examples")
     return rows

@@ -54,6 +54,19 @@ def test_malformed_lines_name_file_and_line(tmp_path, content, needle):
     assert needle in str(e.value)
 
 
+def test_a_file_that_is_not_utf8_is_a_user_error_not_a_traceback(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes('{"prompt": "caf\u00e9", "response": "b"}\n'.encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8"):  # was a raw UnicodeDecodeError
+        load_sft_jsonl(str(f))
+
+
+def test_line_separator_characters_inside_strings_stay_in_their_line(tmp_path):
+    f = tmp_path / "ls.jsonl"
+    f.write_text('{"prompt": "a\u2028b", "response": "c"}\n', encoding="utf-8")
+    assert load_sft_jsonl(str(f)) == [("a\u2028b", "c")]
+
+
 def test_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_sft_jsonl(str(tmp_path / "nope.jsonl"))

@@ -69,7 +69,7 @@ def test_compare_prints_both_policies_with_rm_scores(runs):
     (["--ckpt_dir", "MISSING"], "no checkpoint"),
     (["--rm_dir", "SFT"], "not a reward model"),
     (["--prompts", "BAD"], "not UTF-8"),
-    (["--prompts", "EMPTY"], "holds no prompts"),
+    (["--prompts", "EMPTY"], "has no examples"),
     (["--temperature", "0"], "--temperature"),
     (["--top_p", "1.5"], "--top_p"),
     (["--num_samples", "x"], "num_samples"),
