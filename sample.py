@@ -13,13 +13,12 @@ tokenizer) the gold reward is printed too.
 """
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from mingpt_rlhf.checkpoint import load_checkpoint, load_policy, load_reward_model
+from mingpt_rlhf.checkpoint import load_policy, load_reward_model
 from mingpt_rlhf.cli import opt, require_positive, run
 from mingpt_rlhf.data import load_prompts_jsonl
 from mingpt_rlhf.errors import UserError
@@ -46,14 +45,9 @@ class Config:
     device: str = opt("auto", "auto | cpu | cuda | mps")
 
 
-def load_sampler(folder: str, device):
-    """(policy, tokenizer) from a policy checkpoint folder; a reward model is refused."""
-    path = os.path.join(folder, "ckpt.pt")
-    stage = load_checkpoint(path, "checkpoint", "pass the folder of a trained policy").get("stage")
-    if stage == "rm":
-        raise UserError(f"{path} is a reward model, not a policy: sample from an SFT, PPO, GRPO, "
-                        f"RLOO or DPO folder, and pass this one as --rm_dir to score responses")
-    policy, tokenizer, _ = load_policy(folder)
+def load_sampler(folder: str, device, flag: str):
+    """(policy, tokenizer) from a policy checkpoint folder (load_policy refuses a reward model)."""
+    policy, tokenizer, _ = load_policy(folder, flag=flag)
     return policy.to(device), tokenizer
 
 
@@ -70,18 +64,28 @@ class Answerer:
 
     def __init__(self, cfg: Config):
         self.cfg, device = cfg, pick_device(cfg.device)
-        self.policies = [(cfg.ckpt_dir, *load_sampler(cfg.ckpt_dir, device))]
+        self.policies = [(cfg.ckpt_dir, *load_sampler(cfg.ckpt_dir, device, "--ckpt_dir"))]
         if cfg.compare:
-            self.policies.append((cfg.compare, *load_sampler(cfg.compare, device)))
+            self.policies.append((cfg.compare, *load_sampler(cfg.compare, device, "--compare")))
             if not same_tokenizer(self.policies[0][2], self.policies[1][2]):
                 raise UserError(f"{cfg.compare} uses another tokenizer than {cfg.ckpt_dir}; "
                                 "compare policies trained from the same SFT run")
-        self.rm = load_reward_model(cfg.rm_dir).to(device) if cfg.rm_dir else None
+        self.rm = load_reward_model(cfg.rm_dir, self.policies[0][2], cfg.ckpt_dir).to(device) \
+            if cfg.rm_dir else None
         self.task = get_task(cfg.task) if isinstance(self.policies[0][2], WordTokenizer) else None
 
     def answer(self, prompts: list[str]) -> list[dict]:
         """One row per (prompt, sample): the prompt and, per policy, response and scores."""
         cfg = self.cfg
+        for name, policy, tokenizer in self.policies:
+            for p in prompts:
+                n = len(tokenizer.encode(p))
+                if n == 0:
+                    raise UserError(f"the prompt {p!r} has no tokens; type some text")
+                if n + cfg.max_new_tokens > policy.config.block_size:
+                    raise UserError(f"the prompt {p[:40]!r} ({n} tokens) + --max_new_tokens "
+                                    f"{cfg.max_new_tokens} exceeds the block_size "
+                                    f"{policy.config.block_size} of {name}; shorten either")
         repeated = [p for p in prompts for _ in range(cfg.num_samples)]
         rows = [{"prompt": p} for p in repeated]
         for name, policy, tokenizer in self.policies:
@@ -132,7 +136,11 @@ def main(cfg: Config, stdin=None, out=None):
         line = stdin.readline()
         if not line.strip():
             break
-        answered = answerer.answer([line.strip()])
+        try:
+            answered = answerer.answer([line.strip()])
+        except UserError as e:  # a prompt that does not fit: say so and take the next one
+            print(f"error: {e}", file=sys.stderr)
+            continue
         answerer.show(answered, out)
         rows += answered
     return rows

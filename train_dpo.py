@@ -24,24 +24,21 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
-                                    load_state_dict_checked, resume_checkpoint, resume_state,
-                                    rng_state, save_checkpoint, set_rng_state,
+from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
+                                    resume_checkpoint, resume_state, rng_state, save_checkpoint, set_rng_state,
                                     weights_for_later_stages)
-from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+                             require_positive, run)
 from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl
 from mingpt_rlhf.dpo import dpo_loss, response_logprob_sums
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
-from mingpt_rlhf.heads import RewardModel
 from mingpt_rlhf.lora import adapters_disabled, add_lora, check_lora_options, parse_targets
-from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 resolve_dtype, seed_everything)
+                                 prepare_out_dir, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
-from mingpt_rlhf.tokenizer import same_tokenizer, tokenizer_from_state
 
 
 @dataclass
@@ -83,6 +80,8 @@ class Config:
 
 
 def check_config(cfg: Config):
+    require_positive(cfg, "lr", "n_pairs")
+    require_non_negative(cfg, "warmup_iters", "grad_clip")
     require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "eval_prompts",
                      "max_new_tokens")
     if cfg.loss not in ("sigmoid", "ipo"):
@@ -92,6 +91,7 @@ def check_config(cfg: Config):
     if cfg.beta <= 0:
         raise UserError(f"--beta must be > 0, got {cfg.beta}")
     check_lora_options(cfg)
+    require_data_for_eval_data(cfg)
 
 
 def main(cfg: Config) -> dict:
@@ -101,9 +101,8 @@ def main(cfg: Config) -> dict:
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
-    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
-    if resumed and resumed.get("stage") != "dpo":
-        raise UserError(f"{ckpt_path} was not written by train_dpo.py; use another --out_dir")
+    prepare_out_dir(cfg.out_dir)
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "dpo")
 
     # ---- models: the policy and its frozen reference, both the SFT model at the start
     policy, tokenizer, origin = load_policy(cfg.sft_dir)
@@ -121,13 +120,7 @@ def main(cfg: Config) -> dict:
             hold_frozen_in(model, dtype)
     rm = None
     if cfg.rm_dir:
-        rm_path = f"{cfg.rm_dir}/ckpt.pt"
-        rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "pass a train_rm.py out_dir")
-        if not same_tokenizer(tokenizer, tokenizer_from_state(rm_ckpt["tokenizer"])):
-            raise UserError(f"the reward model in {rm_path} uses another tokenizer than {cfg.sft_dir}")
-        rm = RewardModel(GPTConfig(**rm_ckpt["model_config"]))
-        load_state_dict_checked(rm, rm_ckpt["model"], rm_path)
-        rm = rm.to(device).eval().requires_grad_(False)
+        rm = load_reward_model(cfg.rm_dir, tokenizer, cfg.sft_dir).to(device)
     suppress = tokenizer.pad_id if tokenizer.pad_id != tokenizer.eos_id else None
 
     def reference():  # the frozen SFT policy

@@ -33,7 +33,7 @@ from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_st
                                     reward_model_from,
                                     rng_state, save_checkpoint, set_rng_state,
                                     weights_for_later_stages)
-from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.cli import opt, require_non_negative, require_positive, run
 from mingpt_rlhf.data import (SFTData, encode_prompt, holdout_split, left_pad, load_prompts_jsonl,
                               load_sft_jsonl)
 from mingpt_rlhf.errors import UserError
@@ -45,9 +45,8 @@ from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 resolve_dtype, seed_everything)
+                                 prepare_out_dir, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
-from mingpt_rlhf.tokenizer import same_tokenizer, tokenizer_from_state
 
 
 @dataclass
@@ -136,10 +135,21 @@ class Config:
 def check_config(cfg: Config):
     if cfg.ptx_coef == -1:  # auto
         cfg.ptx_coef = 0.02 if cfg.algo == "ppo" else 0.0
+    if cfg.eval_prompts_file and not cfg.prompts:
+        raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
+                        "eval prompts); pass your training prompts as --prompts too")
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
     require_positive(cfg, "max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
-                     "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon")
+                     "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon",
+                     "eval_prompts", "actor_lr", "critic_lr", "clip_range", "clip_range_value")
+    require_non_negative(cfg, "grad_clip", "target_kl", "entropy_coef", "vf_coef", "reward_clip")
+    if not (0 <= cfg.gamma <= 1 and 0 <= cfg.lam <= 1):
+        raise UserError(f"--gamma and --lam must be in [0, 1], got {cfg.gamma} and {cfg.lam}")
+    if cfg.minibatch_size > cfg.rollout_batch_size * cfg.rollouts_per_update:
+        raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
+                        f"responses (--rollout_batch_size x --rollouts_per_update = "
+                        f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
@@ -178,10 +188,7 @@ def load_models(cfg: Config, device, dtype):
     rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
     rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "run train_rm.py first or pass --rm_dir")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
-    if not same_tokenizer(tokenizer, tokenizer_from_state(rm_ckpt["tokenizer"])):
-        source = cfg.init_from or cfg.sft_dir
-        raise UserError(f"the reward model in {rm_path} uses another tokenizer than the policy "
-                        f"from {source}; train the RM from the same SFT checkpoint (--sft_dir)")
+    rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
     if not rm_ckpt.get("normalised"):
         print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
 
@@ -192,7 +199,7 @@ def load_models(cfg: Config, device, dtype):
         ref = None  # the actor with its adapters switched off: no second copy of the model
     else:
         ref = copy.deepcopy(actor).requires_grad_(False)
-    rm = reward_model_from(rm_ckpt, rm_path).to(device)
+    rm = rm.to(device)
     critic = value_head = None
     if cfg.algo != "ppo":
         pass  # critic-free: the group is the baseline
@@ -244,7 +251,8 @@ def main(cfg: Config) -> dict:
     device = pick_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     seed_everything(cfg.seed)
-    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
+    prepare_out_dir(cfg.out_dir)
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, cfg.algo)
 
     # ---- models
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
@@ -283,9 +291,6 @@ def main(cfg: Config) -> dict:
     step = 0
     kl_high = 0  # iterations whose KL exceeded twice the target (for the one warning)
     if resumed:
-        if resumed.get("stage") != cfg.algo:
-            raise UserError(f"{ckpt_path} was written by --algo {resumed.get('stage')}, not "
-                            f"{cfg.algo}; resume with the same --algo or use another --out_dir")
         load_resume_state(actor, resumed["actor"], ckpt_path)
         if critic is not None:
             load_resume_state(critic, resumed["critic"], ckpt_path)

@@ -29,7 +29,8 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, resume_checkpoint,
                                     resume_state, rng_state, save_checkpoint, set_rng_state,
                                     weights_for_later_stages)
-from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+                             require_positive, run)
 from mingpt_rlhf.data import PairData, encode_example, holdout_split, load_preference_jsonl, right_pad
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
@@ -38,7 +39,7 @@ from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 resolve_dtype, seed_everything)
+                                 prepare_out_dir, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS
 
@@ -134,13 +135,19 @@ def sft_sample_scores(policy, model, tokenizer, prompts, cfg, ctx):
 
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
-    require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "max_new_tokens")
+    require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "max_new_tokens",
+                     "lr", "n_pairs")
+    require_non_negative(cfg, "warmup_iters", "grad_clip", "weight_decay", "norm_samples")
+    if not 0 <= cfg.dropout < 1:
+        raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     check_lora_options(cfg)
+    require_data_for_eval_data(cfg)
     device = pick_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
-    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
+    prepare_out_dir(cfg.out_dir)
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "rm")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
 
     # ---- data

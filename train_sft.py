@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from mingpt_rlhf.checkpoint import (load_resume_state, resume_checkpoint, resume_state, rng_state,
                                     save_checkpoint, set_rng_state, weights_for_later_stages)
-from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+                             require_positive, run)
 from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
@@ -35,7 +36,7 @@ from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 resolve_dtype, seed_everything)
+                                 prepare_out_dir, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 
@@ -78,7 +79,8 @@ class Config:
 
 def check_config(cfg: Config):
     require_positive(cfg, "n_layer", "n_head", "n_embd", "block_size", "batch_size",
-                     "grad_accum", "max_iters", "eval_interval", "max_new_tokens")
+                     "grad_accum", "max_iters", "eval_interval", "max_new_tokens", "lr")
+    require_non_negative(cfg, "eval_prompts", "warmup_iters", "grad_clip", "weight_decay")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"--n_embd {cfg.n_embd} must be divisible by --n_head {cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
@@ -86,6 +88,7 @@ def check_config(cfg: Config):
     if cfg.temperature < 0:
         raise UserError(f"--temperature must be >= 0, got {cfg.temperature}")
     check_lora_options(cfg)
+    require_data_for_eval_data(cfg)
 
 
 def load_demonstrations(cfg: Config, task):
@@ -128,7 +131,8 @@ def main(cfg: Config) -> dict:
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
-    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume)
+    prepare_out_dir(cfg.out_dir)
+    ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "sft")
 
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed)

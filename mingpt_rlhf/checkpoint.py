@@ -8,6 +8,7 @@ same folder and `os.replace` it over the old one, which is atomic on POSIX and W
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 
@@ -17,14 +18,32 @@ import torch
 from .errors import UserError
 
 
+# what each stage's checkpoint holds and which script wrote it (the "stage" key of a checkpoint)
+STAGES = {"sft": "an SFT policy (train_sft.py)", "rm": "a reward model (train_rm.py)",
+          "ppo": "a PPO policy (train_ppo.py)", "grpo": "a GRPO policy (train_ppo.py --algo grpo)",
+          "rloo": "an RLOO policy (train_ppo.py --algo rloo)", "dpo": "a DPO policy (train_dpo.py)"}
+
+
+def describe_stage(stage) -> str:
+    return STAGES.get(stage, f"a checkpoint of unknown stage {stage!r}")
+
+
 def save_checkpoint(path: str, state: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Write `state` to `path` atomically. A failed write (disk full, folder gone read-only)
+    removes its temporary file, leaves the previous checkpoint as it was, and is a UserError."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); free disk space or "
+                        f"pass another --out_dir (the previous checkpoint, if any, is intact)") from None
 
 
 def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "") -> dict:
@@ -39,12 +58,18 @@ def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "") -> dict
                         f"delete it and train again") from None
 
 
-def resume_checkpoint(out_dir: str, resume: bool):
-    """(path of out_dir/ckpt.pt, its contents when resuming, else None)."""
+def resume_checkpoint(out_dir: str, resume: bool, stage: str):
+    """(path of out_dir/ckpt.pt, its contents when resuming, else None). Resuming a checkpoint
+    that another stage wrote (`stage` is the one this script writes) is refused."""
     path = os.path.join(out_dir, "ckpt.pt")
     if not resume:
         return path, None
-    return path, load_checkpoint(path, "checkpoint to resume", "run without --resume to start anew")
+    ckpt = load_checkpoint(path, "checkpoint to resume", "run without --resume to start anew")
+    if ckpt.get("stage") != stage:
+        raise UserError(f"{path} holds {describe_stage(ckpt.get('stage'))}, not "
+                        f"{describe_stage(stage)}; resume it with the script that wrote it, "
+                        f"or pass another --out_dir")
+    return path, ckpt
 
 
 def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str) -> None:
@@ -122,28 +147,34 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def reward_model_from(ckpt: dict, path: str):
+def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = ""):
     """The frozen RewardModel (eval mode, dropout off, no gradients) saved in a train_rm.py
-    checkpoint already loaded from `path`; another stage's checkpoint is refused."""
+    checkpoint already loaded from `path`. Another stage's checkpoint is refused, and so is a
+    reward model whose tokenizer differs from `tokenizer` (the policy's, from `policy_from`)."""
     from .heads import RewardModel
     from .model import GPTConfig
+    from .tokenizer import same_tokenizer, tokenizer_from_state
     if ckpt.get("stage") != "rm":
-        raise UserError(f"{path} is not a reward model (it was written by stage "
-                        f"{ckpt.get('stage')!r}); pass the folder train_rm.py wrote")
+        raise UserError(f"{path} is not a reward model (it holds "
+                        f"{describe_stage(ckpt.get('stage'))}); pass the folder train_rm.py wrote")
+    if tokenizer is not None and not same_tokenizer(tokenizer, tokenizer_from_state(ckpt["tokenizer"])):
+        raise UserError(f"the reward model in {path} uses another tokenizer than the policy from "
+                        f"{policy_from}; train the RM from the same SFT checkpoint (--sft_dir)")
     rm = RewardModel(GPTConfig(**ckpt["model_config"]))
     load_state_dict_checked(rm, ckpt["model"], path)
     rm.gpt.set_dropout(0.0)
     return rm.eval().requires_grad_(False)
 
 
-def load_reward_model(rm_dir: str):
+def load_reward_model(rm_dir: str, tokenizer=None, policy_from: str = ""):
     """`reward_model_from` the checkpoint in `rm_dir`."""
     path = os.path.join(rm_dir, "ckpt.pt")
     return reward_model_from(load_checkpoint(path, "reward model checkpoint",
-                                             "run train_rm.py first or pass --rm_dir"), path)
+                                             "run train_rm.py first or pass --rm_dir"), path,
+                             tokenizer, policy_from)
 
 
-def load_policy(sft_dir: str, init_from: str = ""):
+def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir"):
     """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
     or GPT-2 weights when `init_from` names a model or folder (skipping SFT).
 
@@ -157,7 +188,12 @@ def load_policy(sft_dir: str, init_from: str = ""):
         origin = {"init_from": init_from}
     else:
         path = os.path.join(sft_dir, "ckpt.pt")
-        sft = load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+        sft = (load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+               if flag == "--sft_dir" else
+               load_checkpoint(path, "checkpoint", f"pass {flag} the folder of a trained policy"))
+        if sft.get("stage") == "rm":
+            raise UserError(f"{path} is a reward model, not a policy: pass the folder of an SFT, "
+                            f"PPO, GRPO, RLOO or DPO run")
         tokenizer = tokenizer_from_state(sft["tokenizer"])
         model = GPT(GPTConfig(**sft["model_config"]))
         load_state_dict_checked(model, sft["model"], path)

@@ -64,6 +64,20 @@ def require_positive(cfg, *names: str) -> None:
             raise UserError(f"--{name} must be positive, got {getattr(cfg, name)}")
 
 
+def require_non_negative(cfg, *names: str) -> None:
+    """UserError naming the first of these options that is < 0."""
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+
+
+def require_data_for_eval_data(cfg) -> None:
+    """--eval_data without --data would be ignored silently: refuse it."""
+    if cfg.eval_data and not cfg.data:
+        raise UserError("--eval_data goes with --data (the built-in task has its own held-out "
+                        "data); pass your training data as --data too")
+
+
 def parse_config(config_cls, argv=None, description: str = ""):
     args = build_parser(config_cls, description).parse_args(argv)
     return config_cls(**vars(args))

@@ -106,6 +106,22 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def prepare_out_dir(out_dir: str) -> None:
+    """Create `out_dir` and prove it can be written, before any training: a path that is a
+    file, or a folder that is read-only, is a UserError now rather than after the first eval."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir {out_dir} is a file; pass a folder")
+    probe = os.path.join(out_dir, f".write_test{os.getpid()}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"cannot write to --out_dir {out_dir} ({e.strerror or e}); pass a folder "
+                        f"you can write to") from None
+
+
 class MetricsLog:
     """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began."""
 
@@ -129,8 +145,12 @@ class MetricsLog:
     def log(self, step: int, **figures) -> dict:
         entry = {"step": step, "time": round(self.elapsed(), 3)}
         entry.update({k: _plain(v) for k, v in figures.items()})
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot append to {self.path} ({e.strerror or e}); free disk space, "
+                            f"then --resume (the last checkpoint is intact)") from None
         return entry
 
 

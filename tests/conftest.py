@@ -28,3 +28,16 @@ def left_pad(rows, pad_id=0):
             ids[i, T - len(r):] = torch.tensor(r)
             mask[i, T - len(r):] = 1
     return ids, mask
+
+
+@pytest.fixture(scope="session")
+def stages(tmp_path_factory):
+    """A tiny SFT run and the RM trained from it, shared read-only by the script tests:
+    (root folder holding sft/ and rm/, SFT summary, RM summary)."""
+    import train_rm
+    import train_sft
+    from test_scripts import rm_cfg, sft_cfg
+    root = tmp_path_factory.mktemp("pipeline")
+    sft = train_sft.main(sft_cfg(root / "sft"))
+    rm = train_rm.main(rm_cfg(root / "rm", root / "sft"))
+    return root, sft, rm

@@ -2,21 +2,21 @@
 stdin, --compare with scores, and the mistakes a user makes (exit 2, one line)."""
 import io
 import json
+import shutil
 
 import pytest
 
 import sample
 import train_ppo
-import train_rm
-import train_sft
-from test_scripts import one_line_error, ppo_cfg, rm_cfg, run_script, sft_cfg
+from test_scripts import one_line_error, ppo_cfg, run_script
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, stages):
+    """The shared tiny SFT and RM (copied) and a PPO run trained from them."""
     root = tmp_path_factory.mktemp("sample")
-    train_sft.main(sft_cfg(root / "sft"))
-    train_rm.main(rm_cfg(root / "rm", root / "sft"))
+    for name in ("sft", "rm"):
+        shutil.copytree(stages[0] / name, root / name)
     train_ppo.main(ppo_cfg(root / "ppo", root / "sft", root / "rm", max_iters=2))
     return root
 

@@ -41,15 +41,6 @@ def read_metrics(out_dir):
         return [json.loads(line) for line in f]
 
 
-@pytest.fixture(scope="module")
-def stages(tmp_path_factory):
-    """A tiny SFT and RM run shared by the tests of this module."""
-    root = tmp_path_factory.mktemp("pipeline")
-    sft = train_sft.main(sft_cfg(root / "sft"))
-    rm = train_rm.main(rm_cfg(root / "rm", root / "sft"))
-    return root, sft, rm
-
-
 class Killed(Exception):
     pass
 
