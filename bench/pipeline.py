@@ -12,7 +12,10 @@
    standard error), RM score, well_formed, off_taste (well-formed responses that still use a
    negative or neutral adjective), distinct2, generated tokens per prompt, and each policy's LM loss on
    the held-out demonstrations (demo_loss).
-Writes bench/results/pipeline.json and prints it.
+Writes bench/results/pipeline.json and prints it, and draws two pictures from the runs'
+metrics (matplotlib): pipeline_ppo.png (the default PPO run: RM score and gold reward of each
+iteration's rollouts, and the KL against its target) and pipeline_kl0.png (the same beside
+`--kl_coef 0`: its RM score keeps rising while the gold reward falls). `--draw_only` redraws them.
 """
 from __future__ import annotations
 
@@ -86,6 +89,69 @@ def held_out_figures(run_dir, rm, task, prompts, n, seed, demos, demo_loss=None)
         "demo_loss": demo_loss[run_dir]}
 
 
+def read_metrics(run_dir):
+    """(training rows, eval rows) of a run's metrics.jsonl."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return ([r for r in rows if "split" not in r and "final" not in r],
+            [r for r in rows if r.get("split") == "eval"])
+
+
+def smooth(values, window=10):
+    """Trailing mean over `window` values (fewer at the start)."""
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
+            for i in range(len(values))]
+
+
+def draw_runs(runs, path, kl_target):
+    """Two panels for the RL runs [(label, run_dir)]: RM score (solid) and gold (dashed) of each
+    iteration's rollouts, eval gold as dots; and the KL to the SFT policy with its target."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, ax_kl) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (label, run_dir) in enumerate(runs):
+        train, evals = read_metrics(run_dir)
+        color = f"C{i}"
+        steps = [r["step"] for r in train]
+        for key, style, name in (("rm_score", "-", "RM score"), ("gold", "--", "gold")):
+            values = [r[key] for r in train]
+            ax.plot(steps, values, color=color, lw=0.6, ls=style, alpha=0.3)  # each iteration
+            ax.plot(steps, smooth(values), color=color, lw=1.6, ls=style,
+                    label=f"{label}: {name} (mean of 10 iterations)")
+        ax.plot([r["step"] for r in evals], [r["gold"] for r in evals], "o", color=color, ms=4,
+                label=f"{label}: gold, held-out eval")
+        ax_kl.plot(steps, [r["kl"] for r in train], color=color, lw=1.2, label=label)
+    ax_kl.axhline(kl_target, color="gray", ls=":", label=f"KL target ({kl_target:g})")
+    ax.set(xlabel="PPO iteration", ylabel="reward per response", title="reward model score and gold reward")
+    ax_kl.set(xlabel="PPO iteration", ylabel="nats per response", title="KL to the SFT policy")
+    if max(r["kl"] for _, d in runs for r in read_metrics(d)[0]) > 30:
+        ax_kl.set_yscale("log")
+    for a in (ax, ax_kl):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"picture: {path}")
+
+
+def draw_pictures(root):
+    """bench/results/pipeline_ppo.png and pipeline_kl0.png from the runs in `root`."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print('no pictures: pip install -e ".[plot]" for matplotlib')
+        return
+    results = os.path.join(ROOT, "bench", "results")
+    target = train_ppo.Config().kl_target
+    if os.path.exists(os.path.join(root, "ppo", "metrics.jsonl")):
+        draw_runs([("default", os.path.join(root, "ppo"))], os.path.join(results, "pipeline_ppo.png"), target)
+        if os.path.exists(os.path.join(root, "ppo_kl0", "metrics.jsonl")):
+            draw_runs([("default", os.path.join(root, "ppo")), ("--kl_coef 0", os.path.join(root, "ppo_kl0"))],
+                      os.path.join(results, "pipeline_kl0.png"), target)
+
+
 def timed(fn, cfg):
     t = time.time()
     summary = fn(cfg)
@@ -101,11 +167,15 @@ def main():
                          "their folders exist")
     ap.add_argument("--reuse_sft_rm", action="store_true",
                     help="train only the --runs, from the SFT and RM already in --root")
+    ap.add_argument("--draw_only", action="store_true",
+                    help="only redraw the pictures from the runs in --root (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--samples_per_prompt", type=int, default=16,
                     help="responses per held-out prompt in the policy comparison")
     args = ap.parse_args()
     r = lambda name: os.path.join(args.root, name)
+    if args.draw_only:
+        return draw_pictures(args.root)
     results = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if not args.skip_train:
         results["seconds"] = {}
@@ -152,6 +222,7 @@ def main():
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))
+    draw_pictures(args.root)
 
 
 if __name__ == "__main__":

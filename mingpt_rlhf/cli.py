@@ -26,7 +26,9 @@ def opt(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is a UserError: one line, exit 2 (no usage block)."""
+
     def error(self, message):
         # argparse prints its usage block too; we keep bad input to one line (DESIGN.md)
         raise UserError(f"{message} (see --help)")
@@ -41,7 +43,7 @@ def _parse_bool(text: str) -> bool:
 
 
 def build_parser(config_cls, description: str = "") -> argparse.ArgumentParser:
-    parser = _Parser(description=description,
+    parser = OneLineParser(description=description,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 
+from .cli import OneLineParser
 from .errors import UserError
 
 # stage -> panels; each panel: title and the (key, "train" | "eval") series it draws
@@ -98,8 +99,12 @@ def plot_runs(folders: list[str], out_path: str) -> str:
     folder = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(folder):
         raise UserError(f"cannot write {out_path}: no folder {folder}")
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(out_path, dpi=100)
+    except OSError as e:
+        raise UserError(f"cannot write {out_path} ({e.strerror or e}); pass another --out") from None
+    finally:
+        plt.close(fig)
     return out_path
 
 
@@ -112,18 +117,22 @@ def picture_of_run(out_dir: str) -> str | None:
         import matplotlib  # noqa: F401
     except ImportError:
         return None
-    path = plot_runs([out_dir], os.path.join(out_dir, "curves.png"))
+    try:
+        path = plot_runs([out_dir], os.path.join(out_dir, "curves.png"))
+    except UserError as e:  # the run itself is done and saved: a picture is not worth failing it
+        print(f"note: no curves drawn: {e}")
+        return None
     print(f"curves: {path}")
     return path
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m mingpt_rlhf.plot", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m mingpt_rlhf.plot", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of training runs (with metrics.jsonl)")
     ap.add_argument("--out", default="curves.png", help="the PNG to write (default: curves.png)")
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         print(f"wrote {plot_runs(args.runs, args.out)}")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

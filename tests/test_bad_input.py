@@ -268,3 +268,20 @@ def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch)
     monkeypatch.setattr(runtime, "open", failing(errno.ENOSPC), raising=False)
     with pytest.raises(UserError, match="metrics.jsonl"):
         log.log(1, loss=1.0)
+
+
+@pytest.mark.parametrize("argv,words", [
+    ([], ["runs"]),
+    ([W("sft"), "--out", W("nowhere/curves.png")], ["nowhere"]),
+    ([W("empty_dir")], ["metrics"]),
+    ([W("sft"), "--colour", "red"], ["--colour"]),
+])
+def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
+    pytest.importorskip("matplotlib")
+    from mingpt_rlhf import plot
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error:"), err
+    for word in words:
+        assert word in err, err
