@@ -25,11 +25,12 @@ import torch
 from tqdm import tqdm
 
 from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
-                                    resume_checkpoint, resume_state, rng_state, save_checkpoint, set_rng_state,
-                                    weights_for_later_stages)
+                                    rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                    resume_state, save_checkpoint, weights_for_later_stages)
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
-from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl
+from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl, micro_batches_of_step
+from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
 from mingpt_rlhf.dpo import dpo_loss, response_logprob_sums
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
@@ -58,7 +59,8 @@ class Config:
                                "while the pair's margin grows (0 = plain DPO, which broke the "
                                "grammar of 1 response in 7 on the built-in task)")
     epochs: int = opt(1, "passes over the pairs")
-    batch_size: int = opt(32, "pairs per micro-batch (a step sees batch_size x grad_accum)")
+    batch_size: int = opt(32, "pairs per micro-batch and process (a step sees batch_size x "
+                              "grad_accum x processes under torchrun)")
     grad_accum: int = opt(1, "micro-batches whose gradients add up to one optimizer step")
     lr: float = opt(1e-3, "peak learning rate (AdamW), decayed linearly to 0")
     warmup_iters: int = opt(20, "linear warm-up steps")
@@ -97,7 +99,8 @@ def check_config(cfg: Config):
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
     check_config(cfg)
-    device = pick_device(cfg.device)
+    device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
+    world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
@@ -142,11 +145,11 @@ def main(cfg: Config) -> dict:
     train_data = PairData(tokenizer, train_pairs, block)
     if train_data.skipped:
         print(f"skipped {train_data.skipped} pairs that do not fit block_size {block}")
-    pairs_per_step = cfg.batch_size * cfg.grad_accum
+    pairs_per_step = cfg.batch_size * cfg.grad_accum * world  # over all processes
     steps_per_epoch = len(train_data) // pairs_per_step
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_data)} pairs are fewer than --batch_size x --grad_accum "
-                        f"({pairs_per_step})")
+                        f"x processes ({pairs_per_step})")
     max_iters = steps_per_epoch * cfg.epochs
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     print(f"dpo ({cfg.loss}, beta {cfg.beta}); {len(train_data)} pairs, {max_iters} steps, "
@@ -158,7 +161,7 @@ def main(cfg: Config) -> dict:
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
-        set_rng_state(resumed["rng"])
+        restore_rank_rng(resumed["rng"], ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
@@ -168,7 +171,7 @@ def main(cfg: Config) -> dict:
             "stage": "dpo", "model": weights_for_later_stages(policy),
             "model_config": asdict(policy.config), "tokenizer": tokenizer.state_dict(),
             "resume": resume_state(policy), "optimizer": optimizer.state_dict(), "step": step,
-            "rng": rng_state(), "time": log.elapsed(), "config": asdict(cfg), "sft": origin})
+            "rng": rank_rng_states(), "time": log.elapsed(), "config": asdict(cfg), "sft": origin})
 
     @torch.no_grad()
     def evaluate(step: int) -> dict:
@@ -202,17 +205,17 @@ def main(cfg: Config) -> dict:
         return figures
 
     # ---- loop: each epoch visits every pair once, in an order fixed by (seed, epoch)
-    if step == 0:
+    if step == 0 and is_main():
         evaluate(0)
     policy.train()
-    bar = tqdm(range(step, max_iters), initial=step, total=max_iters, desc="dpo", dynamic_ncols=True)
+    bar = tqdm(range(step, max_iters), initial=step, total=max_iters, desc="dpo", dynamic_ncols=True,
+               disable=not is_main())
     for step in bar:
-        epoch, k = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed + epoch))
         optimizer.set_lr_scale(lr_at(step, max_iters, 1.0, cfg.warmup_iters, "linear"))
         totals = {}
-        for idx in order[k * pairs_per_step:(k + 1) * pairs_per_step].split(cfg.batch_size):
-            ids, mask, response = (t.to(device) for t in train_data.batch(idx.tolist()))
+        # micro-batches (this process's share of each): their gradients add up
+        for idx in micro_batches_of_step(len(train_data), step, cfg.seed, cfg.batch_size, cfg.grad_accum):
+            ids, mask, response = (t.to(device) for t in train_data.batch(idx))
             n = len(idx)
             with ctx:
                 with torch.no_grad(), reference():
@@ -231,18 +234,20 @@ def main(cfg: Config) -> dict:
                 totals[key] = totals.get(key, 0.0) + value / cfg.grad_accum
         optimizer.step()
         if step % 10 == 0:
-            figures = {k: v.item() for k, v in totals.items()}
+            figures = mean_over_ranks({k: v.item() for k, v in totals.items()})
             log.log(step, **figures)
             bar.set_postfix(loss=f"{figures['loss']:.3f}", acc=f"{figures['reward_acc']:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < max_iters:
-            evaluate(step + 1)
+            if is_main():
+                evaluate(step + 1)
             save(step + 1)
     bar.close()
-    final = evaluate(max_iters)
+    final = evaluate(max_iters) if is_main() else {}
     save(max_iters)
     summary = log.log(max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
+    shutdown()
     return summary
 
 

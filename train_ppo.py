@@ -23,19 +23,20 @@ from __future__ import annotations
 import copy
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
 
 from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
-                                    load_state_dict_checked, resume_checkpoint, resume_state,
-                                    reward_model_from,
-                                    rng_state, save_checkpoint, set_rng_state,
-                                    weights_for_later_stages)
+                                    load_state_dict_checked, rank_rng_states, restore_rank_rng,
+                                    resume_checkpoint, resume_state, reward_model_from,
+                                    save_checkpoint, weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_non_negative, require_positive, run
 from mingpt_rlhf.data import (SFTData, encode_prompt, holdout_split, left_pad, load_prompts_jsonl,
                               load_sft_jsonl)
+from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
+from mingpt_rlhf.distributed import rank as process_rank
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic
@@ -77,11 +78,13 @@ class Config:
     critic: str = opt("separate", "ppo: separate (own trunk, from the RM) | shared (value head "
                                   "on the actor)")
     max_iters: int = opt(200, "PPO iterations (rollouts + update)")
-    rollout_batch_size: int = opt(64, "responses per rollout batch (grpo / rloo: "
-                                      "rollout_batch_size / group_size prompts, group_size each)")
+    rollout_batch_size: int = opt(64, "responses per rollout batch, all processes together "
+                                      "(grpo / rloo: rollout_batch_size / group_size prompts, "
+                                      "group_size each)")
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
-    minibatch_size: int = opt(16, "responses per minibatch (>= 8 keeps whitening stable)")
+    minibatch_size: int = opt(16, "responses per minibatch, all processes together (>= 8 keeps "
+                                  "whitening stable)")
     generate_batch_size: int = opt(0, "prompts sampled at once (0 = the whole rollout batch); "
                                       "fewer hold a smaller KV cache, the largest tensor of the rollout")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
@@ -245,10 +248,26 @@ def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
             decode_rows(tokenizer, exp.sequences[:, :T], exp.attention_mask[:, :T]))
 
 
+def share_of_process(cfg: Config, world: int) -> Config:
+    """The sizes one process works with under torchrun: its share of every rollout batch and
+    of every minibatch (whole GRPO / RLOO groups). One process: `cfg` itself."""
+    groups = cfg.rollout_batch_size // (1 if cfg.algo == "ppo" else cfg.group_size)
+    if groups % world or cfg.minibatch_size % world:
+        unit = "prompts" if cfg.algo == "ppo" else "groups"
+        raise UserError(f"with {world} processes, the {groups} {unit} of --rollout_batch_size "
+                        f"and --minibatch_size {cfg.minibatch_size} must both divide by {world}")
+    if world == 1:
+        return cfg
+    return replace(cfg, rollout_batch_size=cfg.rollout_batch_size // world,
+                   minibatch_size=cfg.minibatch_size // world)
+
+
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
     check_config(cfg)
-    device = pick_device(cfg.device)
+    device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
+    world, rank = world_size(), process_rank()
+    local = share_of_process(cfg, world)
     dtype = resolve_dtype(cfg.dtype, device)
     seed_everything(cfg.seed)
     prepare_out_dir(cfg.out_dir)
@@ -280,14 +299,15 @@ def main(cfg: Config) -> dict:
     def reward_fn(sequences, attention_mask, action_mask):
         return rm(sequences, attention_mask)  # normalised score at the last real token
 
-    trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
+    trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
                          ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype)
-    prompt_gen = torch.Generator().manual_seed(cfg.seed)                    # which prompts
+    prompt_gen = torch.Generator().manual_seed(cfg.seed)  # which prompts: the same on every rank
     # sampling needs a generator on the model's device; randperm / randint (minibatch order,
-    # ptx batches) build CPU tensors and refuse a CUDA one, so they get a CPU generator
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
-    shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    # ptx batches) build CPU tensors and refuse a CUDA one, so they get a CPU generator.
+    # Under torchrun each rank has its own streams (rank 0's are a single process's).
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + 1000 * rank)
+    shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2 + 1000 * rank)
     step = 0
     kl_high = 0  # iterations whose KL exceeded twice the target (for the one warning)
     if resumed:
@@ -302,9 +322,7 @@ def main(cfg: Config) -> dict:
         kl_ctl.load_state_dict(resumed["kl_ctl"])
         kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
-        sample_gen.set_state(resumed["sample_rng"])
-        shuffle_gen.set_state(resumed["shuffle_rng"])
-        set_rng_state(resumed["rng"])
+        restore_rank_rng(resumed["rng"], ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
@@ -326,17 +344,17 @@ def main(cfg: Config) -> dict:
             "actor_opt": trainer.actor_opt.state_dict(),
             "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
             "kl_ctl": kl_ctl.state_dict(), "kl_over_target": kl_high, "step": step,
-            "rng": rng_state(),
-            "prompt_rng": prompt_gen.get_state(), "sample_rng": sample_gen.get_state(),
-            "shuffle_rng": shuffle_gen.get_state(),
+            "rng": rank_rng_states(sample=sample_gen, shuffle=shuffle_gen),
+            "prompt_rng": prompt_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
     def draw_prompts() -> list[int]:
-        """Prompt indices of one rollout batch: grpo / rloo draw rollout_batch_size / k prompts
-        and repeat each k times in a row (a group), ppo draws rollout_batch_size."""
+        """Prompt indices of this process's share of one rollout batch: grpo / rloo draw
+        rollout_batch_size / k prompts and repeat each k times in a row (a group), ppo draws
+        rollout_batch_size; every rank draws the same ones and keeps its slice (whole groups)."""
         k = 1 if cfg.algo == "ppo" else cfg.group_size
         idx = torch.randint(len(encoded_prompts), (cfg.rollout_batch_size // k,), generator=prompt_gen)
-        return idx.repeat_interleave(k).tolist()
+        return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
 
     def batch_of_prompts(indices):
         ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
@@ -368,10 +386,10 @@ def main(cfg: Config) -> dict:
         return figures
 
     # ---- loop
-    if step == 0:
+    if step == 0 and is_main():
         initial = evaluate(0)
-    bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="ppo",
-               dynamic_ncols=True)
+    bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc=cfg.algo,
+               dynamic_ncols=True, disable=not is_main())
     for step in bar:
         # linear decay of every learning rate to 0 over the run
         scale = lr_at(step, cfg.max_iters, 1.0, 0, "linear")
@@ -383,7 +401,7 @@ def main(cfg: Config) -> dict:
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
-            stats["gold"] = sum(golds) / len(golds)
+            stats["gold"] = mean_over_ranks({"gold": sum(golds) / len(golds)})["gold"]
         log.log(step + 1, **stats)
         kl_high += stats["kl"] > 2 * cfg.kl_target
         if kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
@@ -396,11 +414,12 @@ def main(cfg: Config) -> dict:
         bar.set_postfix(rm=f"{stats['rm_score']:.2f}", gold=f"{stats.get('gold', 0):.2f}",
                         kl=f"{stats['kl']:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
-            evaluate(step + 1)
+            if is_main():
+                evaluate(step + 1)
             save(step + 1)
     bar.close()
 
-    final = evaluate(cfg.max_iters)
+    final = evaluate(cfg.max_iters) if is_main() else {}
     save(cfg.max_iters)
     summary = log.log(cfg.max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
@@ -410,6 +429,7 @@ def main(cfg: Config) -> dict:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
     picture_of_run(cfg.out_dir)
+    shutdown()
     return summary
 
 

@@ -26,12 +26,14 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, resume_checkpoint,
-                                    resume_state, rng_state, save_checkpoint, set_rng_state,
-                                    weights_for_later_stages)
+from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, rank_rng_states,
+                                    restore_rank_rng, resume_checkpoint, resume_state,
+                                    save_checkpoint, weights_for_later_stages)
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
-from mingpt_rlhf.data import PairData, encode_example, holdout_split, load_preference_jsonl, right_pad
+from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
+                              micro_batches_of_step, right_pad)
+from mingpt_rlhf.distributed import all_sum, is_main, setup, shutdown, world_size
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
@@ -54,8 +56,8 @@ class Config:
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
     n_pairs: int = opt(24000, "built-in task: number of training pairs the labeller makes")
     epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
-    batch_size: int = opt(32, "pairs per micro-batch (an optimizer step sees batch_size x "
-                              "grad_accum)")
+    batch_size: int = opt(32, "pairs per micro-batch and process (an optimizer step sees "
+                              "batch_size x grad_accum x processes under torchrun)")
     grad_accum: int = opt(1, "micro-batches whose gradients add up to one optimizer step")
     lr: float = opt(3e-4, "peak learning rate (AdamW), decayed linearly to 0")
     warmup_iters: int = opt(20, "linear warm-up steps")
@@ -142,7 +144,8 @@ def main(cfg: Config) -> dict:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     check_lora_options(cfg)
     require_data_for_eval_data(cfg)
-    device = pick_device(cfg.device)
+    device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
+    world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
@@ -177,11 +180,11 @@ def main(cfg: Config) -> dict:
     eval_data = PairData(tokenizer, eval_pairs, block)
     if train_data.skipped:
         print(f"skipped {train_data.skipped} pairs that do not fit block_size {block}")
-    pairs_per_step = cfg.batch_size * cfg.grad_accum
+    pairs_per_step = cfg.batch_size * cfg.grad_accum * world  # over all processes
     steps_per_epoch = len(train_data) // pairs_per_step
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_data)} pairs are fewer than --batch_size x --grad_accum "
-                        f"({pairs_per_step})")
+                        f"x processes ({pairs_per_step})")
     max_iters = steps_per_epoch * cfg.epochs
     print(f"{len(train_data)} train / {len(eval_data)} eval pairs, {max_iters} steps, device {device}")
     if task is not None:
@@ -195,17 +198,17 @@ def main(cfg: Config) -> dict:
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
-        set_rng_state(resumed["rng"])
+        restore_rank_rng(resumed["rng"], ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
 
-    def save(step: int, normalised: bool = False):
+    def save(step: int, normalised: bool = False, rng=None):
         save_checkpoint(ckpt_path, {
             "stage": "rm", "model": weights_for_later_stages(model),
             "model_config": asdict(model.config), "resume": resume_state(model),
             "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
-            "step": step, "rng": rng_state(), "time": log.elapsed(), "config": asdict(cfg),
+            "step": step, "rng": rng or rank_rng_states(), "time": log.elapsed(), "config": asdict(cfg),
             "normalised": normalised,
             "sft": origin})
 
@@ -217,17 +220,16 @@ def main(cfg: Config) -> dict:
 
     # ---- loop: each epoch visits every pair once, in an order fixed by (seed, epoch)
     model.train()
-    bar = tqdm(range(step, max_iters), initial=step, total=max_iters, desc="rm", dynamic_ncols=True)
+    bar = tqdm(range(step, max_iters), initial=step, total=max_iters, desc="rm", dynamic_ncols=True,
+               disable=not is_main())
     for step in bar:
-        epoch, k = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(train_data), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-        step_pairs = order[k * pairs_per_step:(k + 1) * pairs_per_step]
         scale = lr_at(step, max_iters, 1.0, cfg.warmup_iters, "linear")
         optimizer.set_lr_scale(scale)
         lr = cfg.lr * scale
         loss, correct = 0.0, 0
-        for idx in step_pairs.split(cfg.batch_size):  # micro-batches: their gradients add up
-            ids, mask, _ = train_data.batch(idx.tolist())
+        # micro-batches (this process's share of each): their gradients add up
+        for idx in micro_batches_of_step(len(train_data), step, cfg.seed, cfg.batch_size, cfg.grad_accum):
+            ids, mask, _ = train_data.batch(idx)
             with ctx:
                 # one forward for chosen and rejected together, then split the scores
                 scores = model(ids.to(device), mask.to(device), normalise=False).float()  # (2B,)
@@ -238,13 +240,19 @@ def main(cfg: Config) -> dict:
             correct = correct + (chosen > rejected).sum()  # no sync until logged
         optimizer.step()
         if step % 10 == 0:
-            acc = correct.item() / pairs_per_step
+            loss = all_sum(loss) / world  # over all processes' pairs
+            acc = all_sum(correct).item() / pairs_per_step
             log.log(step, loss=loss.item(), acc=acc, lr=lr)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < max_iters:
-            run_eval(step + 1)
+            if is_main():
+                run_eval(step + 1)
             save(step + 1)
     bar.close()
+    final_rng = rank_rng_states()  # every rank's, before rank 0 goes on alone
+    if not is_main():  # rank 0 evaluates, normalises and writes the reward model
+        shutdown()
+        return {}
     final = run_eval(max_iters)
 
     # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
@@ -263,10 +271,11 @@ def main(cfg: Config) -> dict:
         final.update(norm_gain=model.gain.item(), norm_bias=model.bias.item())
         print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "
               f"bias {model.bias.item():.4f}")
-    save(max_iters, normalised=cfg.norm_samples > 0)
+    save(max_iters, normalised=cfg.norm_samples > 0, rng=final_rng)
     summary = log.log(max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
+    shutdown()
     return summary
 
 

@@ -23,8 +23,10 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_resume_state, resume_checkpoint, resume_state, rng_state,
-                                    save_checkpoint, set_rng_state, weights_for_later_stages)
+from mingpt_rlhf.checkpoint import (load_resume_state, rank_rng_states, restore_rank_rng,
+                                    resume_checkpoint, resume_state, save_checkpoint,
+                                    weights_for_later_stages)
+from mingpt_rlhf.distributed import all_sum, is_main, setup, shard, shutdown, world_size
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
 from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
@@ -53,8 +55,8 @@ class Config:
     n_embd: int = opt(128, "embedding width (new model only)")
     block_size: int = opt(64, "longest prompt + response in tokens (new model only)")
     dropout: float = opt(0.0, "dropout probability while training")
-    batch_size: int = opt(64, "sequences per micro-batch (an optimizer step sees "
-                              "batch_size x grad_accum)")
+    batch_size: int = opt(64, "sequences per micro-batch and process (an optimizer step sees "
+                              "batch_size x grad_accum x processes under torchrun)")
     grad_accum: int = opt(1, "micro-batches whose gradients add up to one optimizer step")
     max_iters: int = opt(800, "optimizer steps")
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
@@ -127,7 +129,8 @@ def eval_loss(model, data: SFTData, batch_size, device, ctx) -> float:
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
     check_config(cfg)
-    device = pick_device(cfg.device)
+    device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
+    world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
@@ -176,7 +179,7 @@ def main(cfg: Config) -> dict:
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
         batch_gen.set_state(resumed["batch_rng"])
-        set_rng_state(resumed["rng"])
+        restore_rank_rng(resumed["rng"], ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
@@ -201,39 +204,47 @@ def main(cfg: Config) -> dict:
             "stage": "sft", "model": weights_for_later_stages(model),
             "model_config": asdict(model.config), "resume": resume_state(model),
             "tokenizer": tokenizer.state_dict(), "optimizer": optimizer.state_dict(),
-            "step": step, "rng": rng_state(), "batch_rng": batch_gen.get_state(),
+            "step": step, "rng": rank_rng_states(), "batch_rng": batch_gen.get_state(),
             "time": log.elapsed(), "config": asdict(cfg)})
 
     # ---- loop
     model.train()
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc="sft",
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=not is_main())
     for step in bar:
         scale = lr_at(step, cfg.max_iters, 1.0, cfg.warmup_iters, "cosine", min_ratio=0.1)
         optimizer.set_lr_scale(scale)
         lr = cfg.lr * scale
         loss = 0.0
         for _ in range(cfg.grad_accum):  # micro-batches: their gradients add up
-            idx = torch.randint(len(train_data), (cfg.batch_size,), generator=batch_gen)
-            inputs, targets = train_data.batch(idx.tolist())  # targets[:, t] = token t + 1
+            # every rank draws the same world x batch_size rows and trains on its own slice
+            idx = torch.randint(len(train_data), (cfg.batch_size * world,), generator=batch_gen)
+            inputs, targets = train_data.batch(shard(idx.tolist(), cfg.batch_size))
+            # the loss is a mean over the target tokens of all ranks: weigh this rank's mean by
+            # its share of them, so averaging gradients over ranks gives the one-process mean
+            tokens = (targets != IGNORE).sum()
+            share = (tokens * world / all_sum(tokens)).item() if world > 1 else 1.0
             with ctx:
-                micro = lm_loss(model, inputs.to(device), targets.to(device)) / cfg.grad_accum
+                micro = lm_loss(model, inputs.to(device), targets.to(device)) * share / cfg.grad_accum
             optimizer.backward(micro)
             loss = loss + micro.detach()
         optimizer.step()
         if step % 10 == 0:
+            loss = all_sum(loss) / world  # the whole batch's loss, as one process would log it
             log.log(step, loss=loss.item(), lr=lr)
             bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
-            evaluate(step + 1)
+            if is_main():
+                evaluate(step + 1)
             save(step + 1)
     bar.close()
 
-    final = evaluate(cfg.max_iters)
+    final = evaluate(cfg.max_iters) if is_main() else {}
     save(cfg.max_iters)
     summary = log.log(cfg.max_iters, final=True, **final)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
+    shutdown()
     return summary
 
 

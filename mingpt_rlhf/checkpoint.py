@@ -30,7 +30,11 @@ def describe_stage(stage) -> str:
 
 def save_checkpoint(path: str, state: dict) -> None:
     """Write `state` to `path` atomically. A failed write (disk full, folder gone read-only)
-    removes its temporary file, leaves the previous checkpoint as it was, and is a UserError."""
+    removes its temporary file, leaves the previous checkpoint as it was, and is a UserError.
+    Under torchrun every rank holds the same weights and only rank 0 writes."""
+    from .distributed import is_main
+    if not is_main():
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -145,6 +149,27 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rank_rng_states(**generators) -> list[dict]:
+    """Every rank's random state, in rank order: the global generators plus `generators`
+    (name -> torch.Generator). Under torchrun each rank samples with its own streams, so an
+    exact resume needs all of them; a single process saves a list of one."""
+    from .distributed import gather
+    own = {"global": rng_state(), **{name: g.get_state() for name, g in generators.items()}}
+    return gather(own)
+
+
+def restore_rank_rng(states, where: str, **generators) -> None:
+    """Restore this rank's entry of `rank_rng_states` (the same names of `generators`)."""
+    from .distributed import rank, world_size
+    if len(states) != world_size():
+        raise UserError(f"{where} was written by {len(states)} process(es) and this run has "
+                        f"{world_size()}; resume with the same torchrun --nproc_per_node")
+    own = states[rank()]
+    set_rng_state(own["global"])
+    for name, g in generators.items():
+        g.set_state(own[name])
 
 
 def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = ""):

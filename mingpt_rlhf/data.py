@@ -24,6 +24,7 @@ import os
 
 import torch
 
+from .distributed import shard, world_size
 from .errors import UserError
 
 IGNORE = -100  # target value that cross_entropy skips
@@ -198,3 +199,18 @@ class PairData:
         for row, (_, n_prompt) in enumerate(examples):
             response[row, :n_prompt] = 0
         return ids, mask, response
+
+
+def micro_batches_of_step(n_pairs: int, step: int, seed: int, batch_size: int,
+                          grad_accum: int) -> list[list[int]]:
+    """This process's micro-batches (lists of pair indices) for optimizer step `step` of the
+    reward model or DPO. Each epoch visits every pair once, in an order fixed by (seed, epoch);
+    a step takes the next batch_size x grad_accum x processes pairs; under torchrun each
+    micro-batch's batch_size x processes pairs are split over the processes."""
+    world = world_size()
+    per_step = batch_size * grad_accum * world
+    epoch, k = divmod(step, n_pairs // per_step)
+    order = torch.randperm(n_pairs, generator=torch.Generator().manual_seed(seed + epoch))
+    pairs = order[k * per_step:(k + 1) * per_step].tolist()
+    return [shard(pairs[i:i + batch_size * world], batch_size)
+            for i in range(0, per_step, batch_size * world)]

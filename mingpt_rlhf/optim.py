@@ -14,11 +14,15 @@ gradient accumulation, clipping, and loss scaling for float16.
   the loss by a large factor before backward, divides the gradients by it before clipping and
   stepping, and skips a step whose gradients overflowed (then lowers the factor). bf16 has
   float32's exponent range and needs none of this; neither does float32.
+- **Several processes** (torchrun): the gradients are averaged over them before clipping,
+  so every copy of the model takes the same step (distributed.py).
 - **fused AdamW** on CPU and CUDA: one kernel for all parameters instead of ~10 small ops each.
 """
 from __future__ import annotations
 
 import torch
+
+from .distributed import average_gradients
 
 
 class Optimizer:
@@ -43,7 +47,9 @@ class Optimizer:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def step(self) -> None:
-        """Unscale (float16), clip, step, and zero the gradients."""
+        """Average the gradients over the ranks (under torchrun), unscale (float16), clip,
+        step, and zero the gradients."""
+        average_gradients(self.params)  # every rank takes the same step (distributed.py)
         if self.scaler is not None:
             self.scaler.unscale_(self.adamw)  # clip the true gradients, not the scaled ones
         if self.grad_clip > 0:

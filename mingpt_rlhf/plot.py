@@ -111,7 +111,8 @@ def plot_runs(folders: list[str], out_path: str) -> str:
 def picture_of_run(out_dir: str) -> str | None:
     """The training scripts' end-of-run picture, out_dir/curves.png; None (and nothing drawn)
     without matplotlib, plots being optional, or with MINGPT_RLHF_PLOT=0 (the tests set it)."""
-    if os.environ.get("MINGPT_RLHF_PLOT", "1") == "0":
+    from .distributed import is_main
+    if os.environ.get("MINGPT_RLHF_PLOT", "1") == "0" or not is_main():
         return None
     try:
         import matplotlib  # noqa: F401

@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from .distributed import all_sum
 from .logprobs import token_logprobs  # noqa: F401  (part of the PPO math; tests import it here)
 
 
@@ -40,10 +41,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the real positions; padding stays 0. eps keeps a tiny std finite."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+                  all_ranks: bool = False) -> torch.Tensor:
+    """(x - mean) / std over the real positions; padding stays 0. eps keeps a tiny std finite.
+    `all_ranks` (torchrun): mean and std of the whole batch, from sums (of x, then of squared
+    deviations) and counts added over the processes; a per-process mean would whiten each
+    share of the batch on its own scale."""
+    total = all_sum if all_ranks else (lambda t: t)
+    count = total(mask.sum()).clamp(min=1)
+    mean = total((x * mask).sum()) / count
+    var = total(((x - mean) ** 2 * mask).sum()) / count
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 

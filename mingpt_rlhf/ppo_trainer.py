@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
+from .distributed import all_agree, mean_over_ranks
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
@@ -188,7 +189,7 @@ class PPOTrainer:
         if cfg.algo == "ppo":
             rewards = kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef)
             advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
-            advantages = masked_whiten(advantages, action_mask)
+            advantages = masked_whiten(advantages, action_mask, all_ranks=for_update)
         else:  # one reward per response, its advantage on every token; no values, no returns
             rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores
             advantages = (self.group_baselined(rewards, seqs[:, :T]) if for_update
@@ -258,7 +259,8 @@ class PPOTrainer:
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
                     self.reduction, cfg.max_new_tokens)
-                if cfg.target_kl > 0 and approx_kl.item() > cfg.target_kl:
+                # under torchrun: the whole minibatch's approx-KL, one decision for every rank
+                if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
                     # stop the update here, before this minibatch moves it further
                     stopped = True
@@ -306,7 +308,7 @@ class PPOTrainer:
         """Backward `loss`, then (if given) compute `extra_loss()` and backward it too, then one
         optimizer step on the summed gradients. Returns the extra loss (detached) or None.
         A non-finite loss skips the whole step: better than writing NaN into the weights."""
-        if not torch.isfinite(loss):
+        if all_agree(not torch.isfinite(loss)):  # one decision for every rank
             # a runaway ratio or a degenerate batch: skip this update, and count it so the
             # log shows it happened
             self.skipped_updates += 1
@@ -315,7 +317,7 @@ class PPOTrainer:
         extra = None
         if extra_loss is not None:
             extra = extra_loss()
-            if not torch.isfinite(extra):
+            if all_agree(not torch.isfinite(extra)):
                 optimizer.adamw.zero_grad(set_to_none=True)
                 self.skipped_updates += 1
                 return None
@@ -338,5 +340,6 @@ class PPOTrainer:
         stats["t_generate"] = sum(s["t_generate"] for s in roll)
         stats["t_score"] = sum(s["t_score"] for s in roll)
         stats.update(self.learn(shuffle_gen))
+        stats = mean_over_ranks(stats)  # under torchrun: the whole batch's figures
         self.kl_ctl.update(stats["kl"])
         return experiences, stats

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from .distributed import is_main
 from .errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +109,10 @@ def set_lr(optimizer, lr: float) -> None:
 
 def prepare_out_dir(out_dir: str) -> None:
     """Create `out_dir` and prove it can be written, before any training: a path that is a
-    file, or a folder that is read-only, is a UserError now rather than after the first eval."""
+    file, or a folder that is read-only, is a UserError now rather than after the first eval.
+    Under torchrun only rank 0 writes, so only rank 0 checks."""
+    if not is_main():
+        return
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"--out_dir {out_dir} is a file; pass a folder")
     probe = os.path.join(out_dir, f".write_test{os.getpid()}")
@@ -123,11 +127,16 @@ def prepare_out_dir(out_dir: str) -> None:
 
 
 class MetricsLog:
-    """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began."""
+    """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began.
+    Under torchrun only rank 0 writes (the others log nothing, and get the entry back)."""
 
     def __init__(self, out_dir: str, resume_step: int | None = None, time_offset: float = 0.0):
-        os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.start = time.time() - time_offset
+        self.writes = is_main()
+        if not self.writes:
+            return
+        os.makedirs(out_dir, exist_ok=True)
         kept = []
         if resume_step is not None and os.path.exists(self.path):
             with open(self.path) as f:
@@ -137,7 +146,6 @@ class MetricsLog:
                         kept.append(line)
         with open(self.path, "w") as f:
             f.writelines(kept)
-        self.start = time.time() - time_offset
 
     def elapsed(self) -> float:
         return time.time() - self.start
@@ -145,6 +153,8 @@ class MetricsLog:
     def log(self, step: int, **figures) -> dict:
         entry = {"step": step, "time": round(self.elapsed(), 3)}
         entry.update({k: _plain(v) for k, v in figures.items()})
+        if not self.writes:
+            return entry
         try:
             with open(self.path, "a") as f:
                 f.write(json.dumps(entry) + "\n")

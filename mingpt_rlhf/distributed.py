@@ -1,0 +1,152 @@
+"""Data parallelism across processes: what changes when a script runs under torchrun.
+
+    torchrun --standalone --nproc_per_node 2 train_sft.py ...     # 2 GPUs (nccl) or 2 CPU processes (gloo)
+
+torchrun starts one process per GPU (or CPU slot) and tells each its RANK and WORLD_SIZE. Every
+process holds a full copy of every model, reads its own shard of each batch, and after
+backward the gradients are averaged over all processes, so every copy takes the same optimizer
+step and stays identical. Without torchrun (WORLD_SIZE unset) every function here is the
+identity and the scripts run exactly as a single process always did.
+
+What must be computed over all ranks, not per rank (a per-rank figure would be a different
+number, and the ranks would disagree):
+- gradients: averaged in `Optimizer.step` (`average_gradients`);
+- statistics of the whole batch: PPO's advantage whitening (sums and sums of squares,
+  `all_sum`), the KL fed to the KL controller and every logged mean (`mean_over_ranks`);
+- decisions: the early stop on approx-KL and skipping a non-finite step (`all_agree`): if one
+  rank stopped while another stepped, the next all-reduce would wait forever.
+
+Why not `torch.nn.parallel.DistributedDataParallel`? DDP averages the gradients of a forward
+pass made through its wrapper. Ours take several routes (sampling, the output layer on
+response positions only, a value head beside the actor), so the averaging is one visible
+call in the optimizer step instead: the same arithmetic, without overlapping the
+communication with backward (which matters little at the sizes this library is for).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    """Rank 0 evaluates, logs, prints and writes checkpoints."""
+    return rank() == 0
+
+
+def setup(device: torch.device) -> torch.device:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1); returns the device
+    this rank uses (cuda:LOCAL_RANK on GPUs). nccl on CUDA, gloo on CPU."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or is_distributed():
+        if is_distributed() and device.type == "cuda":
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return device
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=30))
+    if not is_main():  # one copy of every message: rank 0 prints (errors still reach stderr)
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+def shutdown() -> None:
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def shard(items: list, per_rank: int) -> list:
+    """This rank's `per_rank` items of `items` (world_size x per_rank of them, the same list
+    on every rank): contiguous slices, so rank r gets items r*per_rank .. (r+1)*per_rank - 1."""
+    r = rank()
+    return items[r * per_rank:(r + 1) * per_rank]
+
+
+def all_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of `x` over all ranks (a new tensor; `x` itself on a single process)."""
+    if not is_distributed():
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x
+
+
+def mean_over_ranks(stats: dict) -> dict:
+    """Each float of `stats` averaged over the ranks (their batches are the same size)."""
+    if not is_distributed():
+        return stats
+    keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)))
+    values = all_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64))
+    return {**stats, **{k: (v / world_size()).item() for k, v in zip(keys, values)}}
+
+
+def all_agree(flag: bool) -> bool:
+    """True on every rank if `flag` is true on any rank: one decision for all of them."""
+    if not is_distributed():
+        return flag
+    return bool(all_sum(torch.tensor([float(flag)])).item() > 0)
+
+
+def average_gradients(params: list[torch.Tensor], bucket: int = 2 ** 24) -> None:
+    """Replace each gradient by its mean over the ranks, in flat buckets of up to `bucket`
+    elements (one all-reduce per bucket instead of one per tensor)."""
+    if not is_distributed():
+        return
+    for p in params:
+        if p.grad is None:  # every rank must send the same tensors
+            p.grad = torch.zeros_like(p)
+    grads, start, size = [p.grad for p in params], 0, 0
+    for i, g in enumerate(grads + [None]):
+        if g is not None and (size == 0 or size + g.numel() <= bucket):
+            size += g.numel()
+            continue
+        if i == start:  # no gradients at all
+            break
+        flat = torch.cat([x.reshape(-1) for x in grads[start:i]])
+        dist.all_reduce(flat)
+        flat /= world_size()
+        offset = 0
+        for x in grads[start:i]:
+            x.copy_(flat[offset:offset + x.numel()].view_as(x))
+            offset += x.numel()
+        start, size = i, (g.numel() if g is not None else 0)
+
+
+def broadcast_module(module: torch.nn.Module) -> None:
+    """Every rank's copy of `module` = rank 0's (weights and buffers)."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for t in module.state_dict().values():
+            dist.broadcast(t, 0)
+
+
+def gather(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank (e.g. random generator states)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,161 @@
+"""Several processes under torchrun (gloo on the CPU, 2 processes, one thread each): the same
+numbers as one process with the whole batch, statistics over the whole batch, ranks in step,
+exact resume after a kill.
+
+`torchrun` starts the processes (tests/ddp_worker.py calls the script's main, with probes).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mingpt_rlhf.ppo import masked_whiten
+from test_scripts import ROOT, TINY
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+
+
+def torchrun(mode, out, script, *args, nproc=2, expect=0):
+    """Run tests/ddp_worker.py MODE OUT SCRIPT args under torchrun; returns the result."""
+    os.makedirs(out, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINGPT_RLHF_PLOT": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+         os.path.join(ROOT, "tests", "ddp_worker.py"), mode, str(out), script, *map(str, args)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def options(**kw):
+    return [x for k, v in kw.items() for x in (f"--{k}", v)]
+
+
+def metrics(run_dir, key):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [(r["step"], r[key]) for r in map(json.loads, f) if key in r and not r.get("final")]
+
+
+def weights(run_dir):
+    return torch.load(os.path.join(run_dir, "ckpt.pt"), weights_only=False)["model"]
+
+
+def assert_same_weights(a, b, atol, skip=()):
+    for k in a:
+        if k not in skip:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
+
+
+SFT = dict(**TINY, max_iters=20, eval_interval=10, eval_prompts=16, warmup_iters=2)
+
+
+def test_sft_on_two_processes_equals_one_process_with_twice_the_batch(tmp_path):
+    import train_sft
+    train_sft.main(train_sft.Config(out_dir=str(tmp_path / "one"), batch_size=16, **SFT))
+    torchrun("run", tmp_path, "train_sft", *options(out_dir=tmp_path / "two", batch_size=8, **SFT))
+    for key in ("loss", "eval_loss"):
+        one, two = metrics(tmp_path / "one", key), metrics(tmp_path / "two", key)
+        assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 2
+        for (_, a), (_, b) in zip(one, two):
+            assert a == pytest.approx(b, abs=2e-5), key
+    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"), atol=2e-5)
+
+
+def test_rm_and_dpo_on_two_processes_equal_one_process(stages, tmp_path):
+    import train_dpo
+    import train_rm
+    root = stages[0]
+    rm = dict(sft_dir=root / "sft", n_pairs=160, eval_interval=5, norm_samples=0)
+    train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm1"), batch_size=16, **rm))
+    torchrun("run", tmp_path, "train_rm", *options(out_dir=tmp_path / "rm2", batch_size=8, **rm))
+    dpo = dict(sft_dir=root / "sft", n_pairs=160, eval_interval=4, eval_prompts=16)
+    train_dpo.main(train_dpo.Config(out_dir=str(tmp_path / "dpo1"), batch_size=16,
+                                    **{k: str(v) if k == "sft_dir" else v for k, v in dpo.items()}))
+    torchrun("run", tmp_path, "train_dpo", *options(out_dir=tmp_path / "dpo2", batch_size=8, **dpo))
+    for one, two, key in (("rm1", "rm2", "loss"), ("rm1", "rm2", "acc"), ("dpo1", "dpo2", "loss"),
+                          ("dpo1", "dpo2", "reward_acc")):
+        a, b = metrics(tmp_path / one, key), metrics(tmp_path / two, key)
+        assert len(a) == len(b) >= 1
+        for (sa, va), (sb, vb) in zip(a, b):
+            assert sa == sb and va == pytest.approx(vb, abs=2e-5), (one, key)
+    # the pairwise loss does not change when every score shifts by one constant, which is what
+    # these two tensors do: their gradient is rounding noise, and Adam turns noise into steps of
+    # about lr, of either sign. Every other tensor must agree.
+    assert_same_weights(weights(tmp_path / "rm1"), weights(tmp_path / "rm2"), atol=2e-5,
+                        skip=("head.bias", "gpt.transformer.ln_f.bias"))
+    assert_same_weights(weights(tmp_path / "dpo1"), weights(tmp_path / "dpo2"), atol=2e-5)
+
+
+PPO = dict(max_iters=2, rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, eval_interval=2,
+           eval_prompts=16, max_new_tokens=24)
+
+
+def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_path):
+    root = stages[0]
+    torchrun("ppo_probe", tmp_path, "train_ppo", *options(
+        out_dir=tmp_path / "ppo", sft_dir=root / "sft", rm_dir=root / "rm", target_kl=1e-3, **PPO))
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    for r in ranks:  # dropout off, same weights: the first minibatch's policy is the sampler
+        assert r["first_minibatch"]["max_ratio_error"] == 0.0
+        assert r["first_minibatch"]["approx_kl"] == 0.0
+    # whitening over both ranks' rollouts equals whitening their concatenation in one process
+    for a, b in zip(ranks[0]["whiten"], ranks[1]["whiten"]):
+        x = torch.tensor(a["x"] + b["x"])
+        mask = torch.tensor(a["mask"] + b["mask"])
+        y = torch.tensor(a["y"] + b["y"])
+        torch.testing.assert_close(y, masked_whiten(x, mask), rtol=0, atol=1e-5)
+        real = y[mask.bool()]
+        assert real.mean().item() == pytest.approx(0, abs=1e-5)
+        assert real.var(unbiased=False).item() == pytest.approx(1, abs=1e-4)
+        # while each rank's own share is not whitened on its own
+        assert any(abs(torch.tensor(r["y"])[torch.tensor(r["mask"]).bool()].mean().item()) > 1e-3
+                   for r in (a, b))
+    # the early stop: rank 1 sees a 1e6 times larger approx-KL, yet both stop together
+    steps = [r["minibatch_steps"] for r in ranks]
+    assert steps[0] == steps[1] and len(steps[0]) == PPO["max_iters"]
+    full = PPO["ppo_epochs"] * PPO["rollout_batch_size"] // PPO["minibatch_size"]
+    assert all(n < full for n in steps[0])  # it did stop
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for k in a:  # gradients averaged: both copies took the same steps
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_grpo_groups_stay_whole_on_one_process(stages, tmp_path):
+    root = stages[0]
+    torchrun("run", tmp_path, "train_ppo", *options(
+        out_dir=tmp_path / "grpo", sft_dir=root / "sft", rm_dir=root / "rm", algo="grpo",
+        group_size=4, **PPO))
+    ckpt = torch.load(tmp_path / "grpo" / "ckpt.pt", weights_only=False)
+    assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2  # each rank's random streams
+
+
+def test_each_process_gets_whole_groups_or_the_run_is_refused():
+    import train_ppo
+    from mingpt_rlhf.errors import UserError
+    cfg = train_ppo.Config(algo="grpo", group_size=4, rollout_batch_size=16, minibatch_size=8)
+    local = train_ppo.share_of_process(cfg, 2)  # 4 groups of 4: 2 whole groups per process
+    assert (local.rollout_batch_size, local.minibatch_size) == (8, 4)
+    assert train_ppo.share_of_process(cfg, 1) is cfg
+    with pytest.raises(UserError, match="must both divide by 2"):  # 3 groups cannot be split
+        train_ppo.share_of_process(train_ppo.Config(algo="grpo", group_size=4,
+                                                    rollout_batch_size=12, minibatch_size=4), 2)
+
+
+def test_a_killed_ppo_run_under_torchrun_resumes_exactly(stages, tmp_path):
+    root = stages[0]
+    common = dict(sft_dir=root / "sft", rm_dir=root / "rm", **{**PPO, "max_iters": 4})
+    torchrun("run", tmp_path, "train_ppo", *options(out_dir=tmp_path / "straight", **common))
+    torchrun("kill", tmp_path, "train_ppo", *options(out_dir=tmp_path / "killed", **common), expect=1)
+    assert torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)["step"] == 2
+    torchrun("run", tmp_path, "train_ppo", *options(out_dir=tmp_path / "killed", resume=True, **common))
+    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "killed"), atol=1e-6)
+    assert metrics(tmp_path / "straight", "rm_score") == metrics(tmp_path / "killed", "rm_score")
+    # its random streams are those of 2 processes: one process cannot continue it exactly
+    import train_ppo
+    from mingpt_rlhf.errors import UserError
+    with pytest.raises(UserError, match="2 process"):
+        train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "killed"), resume=True,
+                                        **{k: str(v) if k.endswith("_dir") else v for k, v in common.items()}))
