@@ -7,8 +7,9 @@ For each count n: train_sft.py, train_rm.py and train_ppo.py with their defaults
 `torchrun --standalone --nproc_per_node n` (n = 1: plain `python`, as a user would). SFT and
 RM take --batch_size per process, so under n processes they get batch_size / n to keep the
 global batch (and so the result) of the single process; PPO's rollout and minibatch sizes are
-global already. Writes bench/results/distributed.json: wall seconds per stage and PPO's final
-held-out figures, per process count.
+global already. Writes bench/results/distributed.json: wall seconds per stage, PPO's final
+held-out figures, and its gold on bench/pipeline.py's 3,200-response comparison, per process
+count. `--compare_only` redoes the comparison from existing runs.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
@@ -44,11 +46,34 @@ def final_figures(run_dir: str) -> dict:
         return [json.loads(line) for line in f if '"final"' in line][-1]
 
 
+def compare(run_root: str) -> dict:
+    """PPO's figures on bench/pipeline.py's comparison (200 held-out prompts x 16 samples)."""
+    from pipeline import comparison_prompts, held_out_figures, load_reward_model
+    from mingpt_rlhf.tasks import get_task
+    task = get_task("reviews", seed=1337)
+    rm = load_reward_model(os.path.join(run_root, "rm"))
+    return held_out_figures(os.path.join(run_root, "ppo"), rm, task, comparison_prompts(task, 16), 1,
+                            1337, task.sft_examples("eval"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="process counts to run")
     ap.add_argument("--root", default="out/bench_distributed", help="folder for the runs")
+    ap.add_argument("--compare_only", action="store_true",
+                    help="only redo the 3,200-response comparison of the runs in --root")
     args = ap.parse_args()
+    path = os.path.join(ROOT, "bench", "results", "distributed.json")
+    if args.compare_only:
+        with open(path) as f:
+            results = json.load(f)
+        for n in args.nproc:
+            name = f"{n} process{'es' if n > 1 else ''}"
+            results["runs"][name]["ppo_compared"] = compare(os.path.join(args.root, f"n{n}"))
+            print(name, results["runs"][name]["ppo_compared"], flush=True)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        return
     results = {"cpus": os.cpu_count(), "runs": {}}
     for n in args.nproc:
         d = lambda stage: os.path.join(args.root, f"n{n}", stage)  # noqa: E731
@@ -66,9 +91,9 @@ def main():
         results["runs"][f"{n} process{'es' if n > 1 else ''}"] = {
             "threads_per_process": threads or "all", "seconds": seconds,
             "ppo_final": {k: round(ppo[k], 4) for k in ("gold", "well_formed", "kl", "rm_score")},
-            "rm_final_eval_acc": round(final_figures(d("rm"))["eval_acc"], 4)}
+            "rm_final_eval_acc": round(final_figures(d("rm"))["eval_acc"], 4),
+            "ppo_compared": compare(os.path.join(args.root, f"n{n}"))}
         print(json.dumps(results["runs"]), flush=True)
-    path = os.path.join(ROOT, "bench", "results", "distributed.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(f"wrote {path}")

@@ -80,12 +80,14 @@ def shard(items: list, per_rank: int) -> list:
 
 
 def all_sum(x: torch.Tensor) -> torch.Tensor:
-    """The sum of `x` over all ranks (a new tensor; `x` itself on a single process)."""
+    """The sum of `x` over all ranks (a new tensor on x's device; `x` itself on a single
+    process). nccl reduces GPU tensors only, so a CPU tensor makes the trip through the GPU."""
     if not is_distributed():
         return x
-    x = x.clone()
-    dist.all_reduce(x)
-    return x
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else x.device
+    y = x.to(on, copy=True)
+    dist.all_reduce(y)
+    return y.to(x.device)
 
 
 def mean_over_ranks(stats: dict) -> dict:
@@ -129,15 +131,6 @@ def average_gradients(params: list[torch.Tensor], bucket: int = 2 ** 24) -> None
         start, size = i, (g.numel() if g is not None else 0)
 
 
-def broadcast_module(module: torch.nn.Module) -> None:
-    """Every rank's copy of `module` = rank 0's (weights and buffers)."""
-    if not is_distributed():
-        return
-    with torch.no_grad():
-        for t in module.state_dict().values():
-            dist.broadcast(t, 0)
-
-
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank (e.g. random generator states)."""
     if not is_distributed():
@@ -146,7 +139,3 @@ def gather(obj) -> list:
     dist.all_gather_object(out, obj)
     return out
 
-
-def barrier() -> None:
-    if is_distributed():
-        dist.barrier()
