@@ -8,6 +8,7 @@ policy; with `--lora_rank` it is the policy with its adapters switched off (no s
     python train_dpo.py                          # built-in task, from out/sft
     python train_dpo.py --data prefs.jsonl       # {"prompt", "chosen", "rejected"} lines
     python train_dpo.py --loss ipo --beta 0.5    # IPO's squared loss
+    torchrun --standalone --nproc_per_node 2 train_dpo.py --batch_size 16   # 2 GPUs or CPU processes
 
 Logs loss, reward_acc (implicit reward of chosen > rejected), margin, chosen_reward and
 rejected_reward; the held-out eval samples the policy on held-out prompts as train_ppo.py does

@@ -13,6 +13,7 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
     python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
     python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
+    torchrun --standalone --nproc_per_node 2 train_ppo.py   # 2 GPUs or CPU processes share each batch
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,

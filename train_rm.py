@@ -11,6 +11,7 @@ policy), so that PPO starts from rewards on a known scale.
     python train_rm.py                         # built-in task, from out/sft
     python train_rm.py --data prefs.jsonl      # {"prompt", "chosen", "rejected"} lines (HH, trl)
     python train_rm.py --lora_rank 16 --grad_accum 4 --grad_checkpoint   # less memory
+    torchrun --standalone --nproc_per_node 2 train_rm.py --batch_size 16    # 2 GPUs or CPU processes
 
 With `--lora_rank` the trunk trains low-rank adapters and the head is trained in full; the
 checkpoint holds the merged weights, so PPO reads it like any other.

@@ -8,6 +8,7 @@ that the reward model starts from and that PPO fine-tunes, and the frozen refere
     python train_sft.py --data demos.jsonl     # your {"prompt", "response"} or {"text"} lines
     python train_sft.py --init_from gpt2 --data demos.jsonl   # start from GPT-2 weights
     python train_sft.py --init_from gpt2 --data demos.jsonl --lora_rank 16 --grad_accum 4
+    torchrun --standalone --nproc_per_node 2 train_sft.py --batch_size 32   # 2 GPUs or CPU processes
 
 At a 50k vocabulary the loss applies the output layer to the target positions only, in
 float32 chunks (mingpt_rlhf/logprobs.py). `--grad_accum` adds up the gradients of several
