@@ -39,7 +39,8 @@ from mingpt_rlhf.lora import adapters_disabled, add_lora, check_lora_options, pa
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, resolve_dtype, seed_everything)
+                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                 seed_everything)
 from mingpt_rlhf.tasks import get_task
 
 
@@ -110,6 +111,7 @@ def main(cfg: Config) -> dict:
 
     # ---- models: the policy and its frozen reference, both the SFT model at the start
     policy, tokenizer, origin = load_policy(cfg.sft_dir)
+    require_room_for_prompt(cfg.max_new_tokens, policy.config.block_size)  # the eval samples
     policy.to(device)
     if cfg.lora_rank > 0:
         add_lora(policy, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
@@ -162,7 +164,7 @@ def main(cfg: Config) -> dict:
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
-        restore_rank_rng(resumed["rng"], ckpt_path)
+        restore_rank_rng(resumed, ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)

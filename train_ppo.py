@@ -47,7 +47,8 @@ from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, resolve_dtype, seed_everything)
+                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                 seed_everything)
 from mingpt_rlhf.tasks import get_task
 
 
@@ -86,7 +87,8 @@ class Config:
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
     minibatch_size: int = opt(16, "responses per minibatch, all processes together (>= 8 keeps "
                                   "whitening stable)")
-    generate_batch_size: int = opt(0, "prompts sampled at once (0 = the whole rollout batch); "
+    generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
+                                      "of the rollout batch); "
                                       "fewer hold a smaller KV cache, the largest tensor of the rollout")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
@@ -287,10 +289,8 @@ def main(cfg: Config) -> dict:
             raise UserError("--ptx_coef > 0 needs demonstrations: pass --ptx_data demos.jsonl, "
                             "or --ptx_coef 0")
         ptx_data = SFTData(tokenizer, demos, actor.config.block_size)
+    require_room_for_prompt(cfg.max_new_tokens, actor.config.block_size)
     max_prompt = actor.config.block_size - cfg.max_new_tokens
-    if max_prompt <= 0:
-        raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt in "
-                        f"block_size {actor.config.block_size}")
     encoded_prompts = [encode_prompt(tokenizer, p, max_prompt) for p in train_prompts]
 
     # ---- trainer (optimizers, KL controller)
@@ -323,7 +323,7 @@ def main(cfg: Config) -> dict:
         kl_ctl.load_state_dict(resumed["kl_ctl"])
         kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
-        restore_rank_rng(resumed["rng"], ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
+        restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,

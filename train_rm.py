@@ -42,7 +42,8 @@ from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, resolve_dtype, seed_everything)
+                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                 seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS
 
@@ -153,6 +154,7 @@ def main(cfg: Config) -> dict:
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "rm")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
+    require_room_for_prompt(cfg.max_new_tokens, policy.config.block_size)  # normalisation samples
 
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
@@ -199,7 +201,7 @@ def main(cfg: Config) -> dict:
     step = 0
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
-        restore_rank_rng(resumed["rng"], ckpt_path)
+        restore_rank_rng(resumed, ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)

@@ -39,7 +39,8 @@ from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, resolve_dtype, seed_everything)
+                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                 seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 
@@ -161,6 +162,7 @@ def main(cfg: Config) -> dict:
     model.grad_checkpoint = cfg.grad_checkpoint
     hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
     block_size = model.config.block_size
+    require_room_for_prompt(cfg.max_new_tokens, block_size)  # the eval samples
     train_data = SFTData(tokenizer, train_pairs, block_size, cfg.loss_on_prompt)
     eval_data = SFTData(tokenizer, eval_pairs, block_size, cfg.loss_on_prompt)
     if train_data.skipped:
@@ -180,7 +182,7 @@ def main(cfg: Config) -> dict:
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
         batch_gen.set_state(resumed["batch_rng"])
-        restore_rank_rng(resumed["rng"], ckpt_path)
+        restore_rank_rng(resumed, ckpt_path)
         step = resumed["step"]
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)

@@ -160,9 +160,14 @@ def rank_rng_states(**generators) -> list[dict]:
     return gather(own)
 
 
-def restore_rank_rng(states, where: str, **generators) -> None:
-    """Restore this rank's entry of `rank_rng_states` (the same names of `generators`)."""
+def restore_rank_rng(ckpt: dict, where: str, **generators) -> None:
+    """Restore this rank's entry of `rank_rng_states`, saved as ckpt["rng"] (the same names of
+    `generators`). A single-process checkpoint of the earlier format (a dict, and each
+    generator under "<name>_rng") is read as a list of one."""
     from .distributed import rank, world_size
+    states = ckpt["rng"]
+    if isinstance(states, dict):
+        states = [{"global": states, **{name: ckpt[f"{name}_rng"] for name in generators}}]
     if len(states) != world_size():
         raise UserError(f"{where} was written by {len(states)} process(es) and this run has "
                         f"{world_size()}; resume with the same torchrun --nproc_per_node")

@@ -61,7 +61,8 @@ def setup(device: torch.device) -> torch.device:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=datetime.timedelta(minutes=30))
+                            # rank 0 evaluates alone while the others wait in a collective
+                            timeout=datetime.timedelta(hours=3))
     if not is_main():  # one copy of every message: rank 0 prints (errors still reach stderr)
         sys.stdout = open(os.devnull, "w")
     return device

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
-from .distributed import all_agree, mean_over_ranks
+from .distributed import all_agree, mean_over_ranks, world_size
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
@@ -341,5 +341,6 @@ class PPOTrainer:
         stats["t_score"] = sum(s["t_score"] for s in roll)
         stats.update(self.learn(shuffle_gen))
         stats = mean_over_ranks(stats)  # under torchrun: the whole batch's figures
+        stats["gen_tokens"] *= world_size()  # a cost: the sum over the processes, not a mean
         self.kl_ctl.update(stats["kl"])
         return experiences, stats

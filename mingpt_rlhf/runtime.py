@@ -81,7 +81,16 @@ def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Modul
     return model
 
 
+def require_room_for_prompt(max_new_tokens: int, block_size: int) -> None:
+    """Sampling needs at least one prompt token before the `max_new_tokens` it may add."""
+    if max_new_tokens >= block_size:
+        raise UserError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the "
+                        f"model's block_size {block_size}; lower it")
+
+
 def seed_everything(seed: int) -> None:
+    if not 0 <= seed < 2 ** 32:  # numpy's range
+        raise UserError(f"--seed must be in [0, 2**32), got {seed}")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -118,6 +118,10 @@ def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_pa
     assert steps[0] == steps[1] and len(steps[0]) == PPO["max_iters"]
     full = PPO["ppo_epochs"] * PPO["rollout_batch_size"] // PPO["minibatch_size"]
     assert all(n < full for n in steps[0])  # it did stop
+    # logged means are over both ranks; the generated tokens (a cost) are their sum
+    for (_, tokens), (_, length) in zip(metrics(tmp_path / "ppo", "gen_tokens"),
+                                        metrics(tmp_path / "ppo", "resp_len")):
+        assert tokens == pytest.approx(length * PPO["rollout_batch_size"], rel=1e-4)
     a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     for k in a:  # gradients averaged: both copies took the same steps
         assert torch.equal(a[k], b[k]), k

@@ -131,13 +131,20 @@ def test_ppo_smoke_with_both_critics(stages, tmp_path, critic):
     assert (ckpt["critic"] is None) == (critic == "shared")
 
 
-def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch):
+@pytest.mark.parametrize("old_format", [False, True])
+def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch, old_format):
     root, _, _ = stages
     train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm"))
     with monkeypatch.context() as m:
         kill_after_first_save(m, train_ppo)
         with pytest.raises(Killed):
             train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm"))
+    if old_format:  # a checkpoint written before torchrun support: one process's RNG, flat
+        path = tmp_path / "killed" / "ckpt.pt"
+        ckpt = torch.load(path, weights_only=False)
+        (own,) = ckpt["rng"]
+        ckpt.update(rng=own["global"], sample_rng=own["sample"], shuffle_rng=own["shuffle"])
+        torch.save(ckpt, path)
     train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True))
     a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
