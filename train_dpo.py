@@ -84,10 +84,9 @@ class Config:
 
 
 def check_config(cfg: Config):
-    require_positive(cfg, "lr", "n_pairs")
-    require_non_negative(cfg, "warmup_iters", "grad_clip")
     require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "eval_prompts",
-                     "max_new_tokens")
+                     "max_new_tokens", "lr", "n_pairs")
+    require_non_negative(cfg, "warmup_iters", "grad_clip")
     if cfg.loss not in ("sigmoid", "ipo"):
         raise UserError(f"--loss must be sigmoid or ipo, got {cfg.loss!r}")
     if cfg.nll_coef < 0:

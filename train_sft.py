@@ -223,10 +223,11 @@ def main(cfg: Config) -> dict:
             # every rank draws the same world x batch_size rows and trains on its own slice
             idx = torch.randint(len(train_data), (cfg.batch_size * world,), generator=batch_gen)
             inputs, targets = train_data.batch(shard(idx.tolist(), cfg.batch_size))
-            # the loss is a mean over the target tokens of all ranks: weigh this rank's mean by
-            # its share of them, so averaging gradients over ranks gives the one-process mean
-            tokens = (targets != IGNORE).sum()
-            share = (tokens * world / all_sum(tokens)).item() if world > 1 else 1.0
+            share = 1.0
+            if world > 1:  # the loss is a mean over the target tokens of all ranks: weigh this
+                # rank's mean by its share of them, so the averaged gradients are one process's
+                tokens = (targets != IGNORE).sum()
+                share = (tokens * world / all_sum(tokens)).item()
             with ctx:
                 micro = lm_loss(model, inputs.to(device), targets.to(device)) * share / cfg.grad_accum
             optimizer.backward(micro)
