@@ -56,6 +56,13 @@ def setup(device: torch.device) -> torch.device:
         if is_distributed() and device.type == "cuda":
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return device
+    # torch.distributed.nn binds the world group in its functions' default arguments when it
+    # is imported, and torch imports it lazily (the first optimizer imports torch._dynamo,
+    # which imports it). Imported after joining, it would keep the group alive past
+    # destroy_process_group, and its gloo threads would be torn down at interpreter exit,
+    # racing the other rank (a rare SIGABRT at the end of a finished run). Imported now,
+    # before there is a group, the defaults are None.
+    import torch.distributed.nn  # noqa: F401
     if device.type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -69,6 +76,7 @@ def setup(device: torch.device) -> torch.device:
 
 
 def shutdown() -> None:
+    """Leave the process group; its connections and threads end here (see `setup`)."""
     if is_distributed():
         dist.destroy_process_group()
 

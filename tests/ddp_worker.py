@@ -10,11 +10,15 @@ MODE
              and (OUT/rank{r}.pt) the actor's weights after the last update. On rank 1 the
              approx-KL that the early stop reads is multiplied by 1e6, so the ranks' own
              decisions would differ and only a collective one keeps them in step.
+
+In every mode but kill, the worker then exits with status 4 if gloo's threads are still
+running: the script's end must release the process group (see distributed.setup).
 """
 import importlib
 import json
 import os
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -26,6 +30,21 @@ from mingpt_rlhf import cli, distributed, ppo_trainer  # noqa: E402
 
 class Killed(Exception):
     pass
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's threads that belong to gloo (Linux; [] where /proc is absent)."""
+    task = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(task):
+        return []
+    names = []
+    for t in os.listdir(task):
+        try:
+            with open(os.path.join(task, t, "comm")) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return [n for n in names if "gloo" in n]
 
 
 def main():
@@ -73,6 +92,15 @@ def main():
         cli.run(module.main, module.Config, argv)
     except Killed:
         sys.exit(3)
+    left = gloo_threads()
+    for _ in range(20):  # a joined thread may linger in /proc for a moment
+        if not left:
+            break
+        time.sleep(0.05)
+        left = gloo_threads()
+    if left:  # the process group outlived the run: torn down at exit, racing the other rank
+        print(f"process group still alive after {script} returned: threads {left}", file=sys.stderr)
+        sys.exit(4)
     if mode == "ppo_probe":
         with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
             json.dump(record, f)
