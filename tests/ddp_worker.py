@@ -92,12 +92,11 @@ def main():
         cli.run(module.main, module.Config, argv)
     except Killed:
         sys.exit(3)
-    left = gloo_threads()
     for _ in range(20):  # a joined thread may linger in /proc for a moment
+        left = gloo_threads()
         if not left:
             break
         time.sleep(0.05)
-        left = gloo_threads()
     if left:  # the process group outlived the run: torn down at exit, racing the other rank
         print(f"process group still alive after {script} returned: threads {left}", file=sys.stderr)
         sys.exit(4)
