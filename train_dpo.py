@@ -38,7 +38,8 @@ from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
 from mingpt_rlhf.lora import adapters_disabled, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import get_task
@@ -117,12 +118,12 @@ def main(cfg: Config) -> dict:
         ref = None  # the policy with its adapters switched off
     else:
         ref = copy.deepcopy(policy).requires_grad_(False)
-    if resumed:
-        load_resume_state(policy, resumed["resume"], ckpt_path)
     policy.grad_checkpoint = cfg.grad_checkpoint
     for model in (policy, ref):
         if model is not None:
             hold_frozen_in(model, dtype)
+    if resumed:  # into the policy as the first run held it when it saved
+        load_resume_state(policy, resumed["resume"], ckpt_path)
     rm = None
     if cfg.rm_dir:
         rm = load_reward_model(cfg.rm_dir, tokenizer, cfg.sft_dir).to(device)
@@ -181,17 +182,18 @@ def main(cfg: Config) -> dict:
         policy.eval()
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)
         texts, kl, scores = [], [], []
-        for out in generate_batches(policy, tokenizer, eval_prompts, cfg.max_new_tokens,
-                                    generator=gen):
-            args = (out.sequences, out.attention_mask, out.action_mask)
-            with ctx:
+        # sampling runs in the context too: a LoRA base held in bf16 needs autocast's casts
+        with ctx:
+            for out in generate_batches(policy, tokenizer, eval_prompts, cfg.max_new_tokens,
+                                        generator=gen):
+                args = (out.sequences, out.attention_mask, out.action_mask)
                 own = response_logprob_sums(policy, *args, suppress=suppress)
                 with reference():
                     base = response_logprob_sums(policy if ref is None else ref, *args, suppress=suppress)
                 if rm is not None:
                     scores.append(rm(out.sequences, out.attention_mask).float())
-            kl.append((own - base).float())
-            texts += response_texts(tokenizer, out)
+                kl.append((own - base).float())
+                texts += response_texts(tokenizer, out)
         figures = {"kl": torch.cat(kl).mean().item(), "distinct2": distinct_n(texts, 2)}
         if rm is not None:
             figures["rm_score"] = torch.cat(scores).mean().item()
@@ -246,7 +248,7 @@ def main(cfg: Config) -> dict:
     bar.close()
     final = evaluate(max_iters) if is_main() else {}
     save(max_iters)
-    summary = log.log(max_iters, final=True, **final)
+    summary = log.log(max_iters, final=True, **final, skipped_updates=optimizer.skipped)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
     shutdown()

@@ -40,13 +40,14 @@ from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shut
 from mingpt_rlhf.distributed import rank as process_rank
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
-from mingpt_rlhf.heads import Critic
+from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
-from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import get_task
@@ -219,7 +220,7 @@ def load_models(cfg: Config, device, dtype):
         critic.gpt.grad_checkpoint = cfg.grad_checkpoint
     else:
         # the actor's trunk is not the RM's, so the RM's head means nothing on it: start at 0
-        value_head = torch.nn.Linear(actor.config.n_embd, 1).to(device)
+        value_head = ScalarHead(actor.config.n_embd).to(device)
         torch.nn.init.zeros_(value_head.weight)
         torch.nn.init.zeros_(value_head.bias)
     actor.grad_checkpoint = cfg.grad_checkpoint
@@ -367,8 +368,11 @@ def main(cfg: Config) -> dict:
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
         rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
         figures, responses, prompts = {"rm_score": 0.0, "kl": 0.0}, [], []
-        for i in range(0, len(rows), cfg.rollout_batch_size):
-            ids, mask = left_pad(rows[i:i + cfg.rollout_batch_size], tokenizer.pad_id)
+        # rank 0 evaluates alone, in batches of one process's share (and, inside
+        # make_experience, of --generate_batch_size): the memory a training rollout needs
+        batch = local.rollout_batch_size
+        for i in range(0, len(rows), batch):
+            ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
             exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False)
             n = len(exp.scores)
             figures["rm_score"] += stats["rm_score"] * n
@@ -422,7 +426,7 @@ def main(cfg: Config) -> dict:
 
     final = evaluate(cfg.max_iters) if is_main() else {}
     save(cfg.max_iters)
-    summary = log.log(cfg.max_iters, final=True, **final)
+    summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
         print("on held-out prompts, from the SFT policy (step 0) to the PPO policy:")

@@ -41,7 +41,8 @@ from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
@@ -173,11 +174,11 @@ def main(cfg: Config) -> dict:
     model.gpt.load_state_dict(policy.state_dict())
     if cfg.lora_rank > 0:
         add_lora(model.gpt, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
-    if resumed:
-        load_resume_state(model, resumed["resume"], ckpt_path)
     model.gpt.set_dropout(cfg.dropout)
     model.gpt.grad_checkpoint = cfg.grad_checkpoint
     hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
+    if resumed:  # into the model as the first run held it when it saved
+        load_resume_state(model, resumed["resume"], ckpt_path)
     block = model.config.block_size
     train_data = PairData(tokenizer, train_pairs, block)
     eval_data = PairData(tokenizer, eval_pairs, block)
@@ -275,7 +276,7 @@ def main(cfg: Config) -> dict:
         print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "
               f"bias {model.bias.item():.4f}")
     save(max_iters, normalised=cfg.norm_samples > 0, rng=final_rng)
-    summary = log.log(max_iters, final=True, **final)
+    summary = log.log(max_iters, final=True, **final, skipped_updates=optimizer.skipped)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
     shutdown()

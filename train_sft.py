@@ -38,7 +38,8 @@ from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.runtime import (MetricsLog, autocast, hold_frozen_in, lr_at, pick_device,
+from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import get_task
@@ -156,11 +157,11 @@ def main(cfg: Config) -> dict:
                               n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd))
     if cfg.lora_rank > 0:
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
-    if resumed:
-        load_resume_state(model, resumed["resume"], ckpt_path)
     model.set_dropout(cfg.dropout)
     model.grad_checkpoint = cfg.grad_checkpoint
     hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
+    if resumed:  # into the model as the first run held it when it saved
+        load_resume_state(model, resumed["resume"], ckpt_path)
     block_size = model.config.block_size
     require_room_for_prompt(cfg.max_new_tokens, block_size)  # the eval samples
     train_data = SFTData(tokenizer, train_pairs, block_size, cfg.loss_on_prompt)
@@ -245,7 +246,7 @@ def main(cfg: Config) -> dict:
 
     final = evaluate(cfg.max_iters) if is_main() else {}
     save(cfg.max_iters)
-    summary = log.log(cfg.max_iters, final=True, **final)
+    summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=optimizer.skipped)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     picture_of_run(cfg.out_dir)
     shutdown()

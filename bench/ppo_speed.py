@@ -31,7 +31,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mingpt_rlhf.heads import Critic  # noqa: E402
+from mingpt_rlhf.heads import Critic, ScalarHead  # noqa: E402
 from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
 from mingpt_rlhf.ppo import FixedKLController  # noqa: E402
 from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
@@ -75,7 +75,7 @@ def main():
     if args.critic == "separate":
         critic = Critic(config)
     else:
-        value_head = torch.nn.Linear(config.n_embd, 1)
+        value_head = ScalarHead(config.n_embd)
     cfg = Config(critic=args.critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
                  max_new_tokens=32, temperature=1.0, ptx_coef=0.0,
                  target_kl=0.0)  # every update does all 4 x 4 minibatch steps

@@ -99,8 +99,13 @@ def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: st
 
 
 def weights_for_later_stages(module: torch.nn.Module) -> dict:
-    """The state dict later stages (and sampling) load: with LoRA, the adapters merged in."""
+    """The state dict later stages (and sampling) load: with LoRA, the adapters merged in
+    (on the CPU). Under torchrun only rank 0 writes checkpoints, so the other ranks build
+    nothing (an empty dict)."""
+    from .distributed import is_main
     from .lora import has_lora, merged_state_dict
+    if not is_main():
+        return {}
     return merged_state_dict(module) if has_lora(module) else module.state_dict()
 
 
@@ -110,13 +115,13 @@ def resume_state(module: torch.nn.Module) -> dict:
     rebuilds from where it came from."""
     from .lora import base_fingerprint, has_lora, trainable_state_dict
     if has_lora(module):
-        return {"lora": trainable_state_dict(module), "base_fingerprint": base_fingerprint(module)}
+        return {"lora": trainable_state_dict(module), "base_checksum": base_fingerprint(module)}
     return {"state": module.state_dict()}
 
 
 def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
     """Restore what `resume_state` saved into a module built as the first run built it."""
-    from .lora import base_fingerprint, has_lora, trainable_state_dict
+    from .lora import base_fingerprint, has_lora, same_base, trainable_state_dict
     if "state" in saved:
         if has_lora(module):
             raise UserError(f"{where} was written by a run without LoRA; resume without "
@@ -129,42 +134,62 @@ def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
     if set(own) != set(saved["lora"]) or any(own[k].shape != saved["lora"][k].shape for k in own):
         raise UserError(f"{where}: the adapters do not fit this model; resume with the same "
                         f"--lora_rank and --lora_targets")
-    if abs(base_fingerprint(module) - saved["base_fingerprint"]) > 1e-6 * max(1.0, abs(saved["base_fingerprint"])):
+    # "base_checksum" is independent of the dtype the base is held in; checkpoints written
+    # before it (with "base_fingerprint", a float64 sum that was not) are resumed unchecked
+    if "base_checksum" in saved and not same_base(base_fingerprint(module), saved["base_checksum"]):
         raise UserError(f"{where}: the frozen base weights differ from the ones this LoRA run "
                         f"started from (was the SFT or RM checkpoint retrained?); start anew")
     module.load_state_dict(saved["lora"], strict=False)
 
 
 def rng_state() -> dict:
+    """The global generators' states: Python's, numpy's, torch's CPU one and, on a CUDA
+    machine, the current GPU's only (a checkpoint holding every visible GPU's could not be
+    restored with fewer GPUs visible)."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
              "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore `rng_state()`. A CUDA state on a machine without CUDA is left out, and a
+    machine with CUDA resuming a checkpoint without one keeps its own (the note is printed by
+    `restore_rank_rng`). Checkpoints of the earlier format hold a list (every GPU's): the
+    current GPU's entry, if there is one, is used."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, (list, tuple)):
+        cuda = cuda[torch.cuda.current_device()] if torch.cuda.is_available() and \
+            torch.cuda.current_device() < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
 
 
 def rank_rng_states(**generators) -> list[dict]:
     """Every rank's random state, in rank order: the global generators plus `generators`
-    (name -> torch.Generator). Under torchrun each rank samples with its own streams, so an
-    exact resume needs all of them; a single process saves a list of one."""
+    (name -> torch.Generator) with the device type each lives on. Under torchrun each rank
+    samples with its own streams, so an exact resume needs all of them; a single process
+    saves a list of one."""
     from .distributed import gather
-    own = {"global": rng_state(), **{name: g.get_state() for name, g in generators.items()}}
+    own = {"global": rng_state(), **{name: g.get_state() for name, g in generators.items()},
+           "devices": {name: g.device.type for name, g in generators.items()}}
     return gather(own)
 
 
 def restore_rank_rng(ckpt: dict, where: str, **generators) -> None:
     """Restore this rank's entry of `rank_rng_states`, saved as ckpt["rng"] (the same names of
     `generators`). A single-process checkpoint of the earlier format (a dict, and each
-    generator under "<name>_rng") is read as a list of one."""
-    from .distributed import rank, world_size
+    generator under "<name>_rng") is read as a list of one.
+
+    A checkpoint moved between a CPU and a CUDA machine cannot restore a generator of the
+    other device (their states differ in kind): that generator is reseeded from the restored
+    CPU stream, with a one-line note. The run goes on, no longer bit-identical to an
+    uninterrupted one on the first machine."""
+    from .distributed import is_main, rank, world_size
     states = ckpt["rng"]
     if isinstance(states, dict):
         states = [{"global": states, **{name: ckpt[f"{name}_rng"] for name in generators}}]
@@ -173,8 +198,22 @@ def restore_rank_rng(ckpt: dict, where: str, **generators) -> None:
                         f"{world_size()}; resume with the same torchrun --nproc_per_node")
     own = states[rank()]
     set_rng_state(own["global"])
+    moved = ("cuda" in own["global"]) != torch.cuda.is_available()
+    saved_devices = own.get("devices", {})
     for name, g in generators.items():
-        g.set_state(own[name])
+        saved_on = saved_devices.get(name, g.device.type)
+        if saved_on == g.device.type:
+            try:
+                g.set_state(own[name])
+                continue
+            except RuntimeError:  # an earlier checkpoint, without "devices", from another device
+                pass
+        moved = True
+        g.manual_seed(int(torch.randint(2 ** 62, (1,))))  # from the restored CPU stream
+    if moved and is_main():
+        print(f"note: {where} was written on another kind of device (CPU / CUDA); its random "
+              f"streams of that device were reseeded, so from here the run samples other "
+              f"tokens than it would have there")
 
 
 def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = ""):

@@ -32,20 +32,38 @@ def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long() * positions).argmax(-1)
 
 
+class ScalarHead(nn.Linear):
+    """Linear(n_embd, 1), computed in float32 even under autocast, like the output layer.
+
+    A reward or a value is one number, and bfloat16 keeps 8 bits of it: a score near 2 could
+    only be 2 +- 0.008, so rewards would move in steps and the RM's accuracy would count
+    rounding ties as mistakes. The head costs n_embd multiply-adds per position, so float32
+    is free. Its weights stay float32 too (`keep_float32` tells runtime.hold_frozen_in)."""
+    keep_float32 = True
+
+    def __init__(self, n_embd: int):
+        super().__init__(n_embd, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., 1) float32."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), self.weight.float(), self.bias.float())
+
+
 class ScalarHeadModel(nn.Module):
     """GPT trunk + a linear head giving one number per position."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.gpt = GPT(config)
-        self.head = nn.Linear(config.n_embd, 1)
+        self.head = ScalarHead(config.n_embd)
 
     @property
     def config(self) -> GPTConfig:
         return self.gpt.config
 
     def token_scores(self, idx, attention_mask=None) -> torch.Tensor:
-        """(B, T) head outputs at every position."""
+        """(B, T) head outputs at every position, float32."""
         hidden = self.gpt.trunk(idx, attention_mask)  # (B, T, C)
         return self.head(hidden).squeeze(-1)          # (B, T)
 

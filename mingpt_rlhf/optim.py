@@ -12,7 +12,8 @@ gradient accumulation, clipping, and loss scaling for float16.
   schedule scales both.
 - **float16** has 5 exponent bits: gradients below ~6e-8 become 0. A `GradScaler` multiplies
   the loss by a large factor before backward, divides the gradients by it before clipping and
-  stepping, and skips a step whose gradients overflowed (then lowers the factor). bf16 has
+  stepping, and skips a step whose gradients overflowed (then lowers the factor); `skipped`
+  counts those steps. The first few, at the initial factor of 65536, are expected. bf16 has
   float32's exponent range and needs none of this; neither does float32.
 - **Several processes** (torchrun): the gradients are averaged over them before clipping,
   so every copy of the model takes the same step (distributed.py).
@@ -37,6 +38,9 @@ class Optimizer:
                                        fused=device.type in ("cpu", "cuda"))
         self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         self.grad_clip = grad_clip
+        # steps not taken: float16 overflows (the scaler skips them) and non-finite losses
+        # (the caller skips them, see `skip`); saved with the optimizer, so it counts the run
+        self.skipped = 0
 
     def set_lr_scale(self, scale: float) -> None:
         """Every group's learning rate = its peak learning rate x `scale`."""
@@ -55,17 +59,25 @@ class Optimizer:
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
         if self.scaler is not None:
-            self.scaler.step(self.adamw)  # skipped when a gradient is inf or NaN
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.adamw)  # skipped when a gradient is inf or NaN ...
             self.scaler.update()
+            self.skipped += self.scaler.get_scale() < scale  # ... and then the scale is lowered
         else:
             self.adamw.step()
         self.adamw.zero_grad(set_to_none=True)
 
+    def skip(self) -> None:
+        """Drop the gradients gathered so far and count a step not taken (a non-finite loss)."""
+        self.adamw.zero_grad(set_to_none=True)
+        self.skipped += 1
+
     def state_dict(self) -> dict:
-        return {"adamw": self.adamw.state_dict(),
+        return {"adamw": self.adamw.state_dict(), "skipped": self.skipped,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.adamw.load_state_dict(state["adamw"])
+        self.skipped = state.get("skipped", 0)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -11,13 +11,13 @@ with status 2 and says so, and the training scripts skip their end-of-run pictur
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 
 from .cli import OneLineParser
 from .errors import UserError
+from .metrics import read_metrics
 
 # stage -> panels; each panel: title and the (key, "train" | "eval") series it draws
 PANELS = {
@@ -38,13 +38,9 @@ PANELS = {
 def read_run(folder: str) -> tuple[str, list[dict], list[dict]]:
     """(stage, training rows, eval rows) of the run in `folder`."""
     path = os.path.join(folder, "metrics.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"no metrics at {path}; pass the out_dir of a training run") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UserError(f"{path} is not a metrics file written by the scripts (JSON lines)") from None
+    if not os.path.isfile(path):
+        raise UserError(f"no metrics at {path}; pass the out_dir of a training run")
+    rows = read_metrics(path)  # a half-written last line (a killed run) is dropped
     train = [r for r in rows if "split" not in r and "final" not in r]
     evals = [r for r in rows if r.get("split") == "eval"]
     keys = set().union(*rows) if rows else set()

@@ -44,7 +44,8 @@ from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  masked_mean, masked_whiten, policy_loss, reduce_tokens, value_loss)
+                  masked_mean, masked_whiten, policy_loss, reduce_tokens, tokens_per_rank,
+                  value_loss)
 from .sampling import generate
 
 
@@ -57,7 +58,7 @@ class PPOTrainer:
                  eos_id: int | None = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None,
                  amp=contextlib.nullcontext, dtype: torch.dtype = torch.float32):
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
-        `value_head` (shared, a Linear(n_embd, 1) on the actor's trunk), not both.
+        `value_head` (shared: a heads.ScalarHead on the actor's trunk, float32), not both.
         `ref=None` with a LoRA actor: the reference is the actor with its adapters off.
         `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores.
         `amp()` gives the mixed-precision context for forward passes. It must not span an
@@ -90,7 +91,6 @@ class PPOTrainer:
         self.reduction = cfg.reduction if cfg.reduction != "auto" else {
             "ppo": "token", "rloo": "budget",
             "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]
-        self.skipped_updates = 0  # updates skipped for a non-finite loss (should stay 0)
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -234,7 +234,11 @@ class PPOTrainer:
         inputs, targets = self.ptx_data.batch(idx.tolist())
         device = next(self.actor.parameters()).device
         with self.amp():
-            return lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
+            loss = lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
+        if world_size() > 1:  # a mean over all ranks' target tokens (ppo.tokens_per_rank)
+            targeted = (targets >= 0).float()
+            loss = loss * (targeted.sum().clamp(min=1) / tokens_per_rank(targeted)).to(loss.device)
+        return loss
 
     def learn(self, generator=None) -> dict:
         """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
@@ -256,26 +260,28 @@ class PPOTrainer:
                 # past EOS the response is PAD, whose log-prob is the most negative float:
                 # keep it out of every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
                 logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
+                # token means divide by this: under torchrun, the whole minibatch's token mean
+                tokens = tokens_per_rank(mb.action_mask)
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
-                    self.reduction, cfg.max_new_tokens)
+                    self.reduction, cfg.max_new_tokens, tokens)
                 # under torchrun: the whole minibatch's approx-KL, one decision for every rank
                 if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
                     # stop the update here, before this minibatch moves it further
                     stopped = True
                     break
-                entropy = masked_mean(entropy, mb.action_mask)
+                entropy = masked_mean(entropy, mb.action_mask, tokens=tokens)
                 actor_loss = pg_loss - cfg.entropy_coef * entropy
                 figures = {}
                 if self.kl_in == "loss":  # GRPO: beta * k3 per token, reduced like the surrogate
                     kl_loss = reduce_tokens(k3_kl(logprobs, mb.ref_logprobs), mb.action_mask,
-                                            self.reduction, cfg.max_new_tokens)
+                                            self.reduction, cfg.max_new_tokens, tokens)
                     actor_loss = actor_loss + self.kl_ctl.value * kl_loss
                     figures["kl_loss"] = kl_loss
                 if self.value_head is not None:  # shared trunk: one loss, one optimizer
                     vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
-                                         cfg.clip_range_value)
+                                         cfg.clip_range_value, tokens)
                     actor_loss = actor_loss + cfg.vf_coef * vf_loss
                     figures["vf_loss"] = vf_loss
                 # ptx: the gradients of the LM loss on demonstrations add to the policy's; its
@@ -286,7 +292,7 @@ class PPOTrainer:
                     with self.amp():
                         values = self.critic_values(mb.sequences, mb.attention_mask, mb.prompt_len)
                     vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
-                                         cfg.clip_range_value)
+                                         cfg.clip_range_value, tokens)
                     self._step(self.critic_opt, vf_loss)
                     figures["vf_loss"] = vf_loss
                 figures.update({"pg_loss": pg_loss,
@@ -311,20 +317,25 @@ class PPOTrainer:
         if all_agree(not torch.isfinite(loss)):  # one decision for every rank
             # a runaway ratio or a degenerate batch: skip this update, and count it so the
             # log shows it happened
-            self.skipped_updates += 1
+            optimizer.skip()
             return None
         optimizer.backward(loss)
         extra = None
         if extra_loss is not None:
             extra = extra_loss()
             if all_agree(not torch.isfinite(extra)):
-                optimizer.adamw.zero_grad(set_to_none=True)
-                self.skipped_updates += 1
+                optimizer.skip()
                 return None
             optimizer.backward(extra)
             extra = extra.detach()
         optimizer.step()
         return extra
+
+    @property
+    def skipped_updates(self) -> int:
+        """Optimizer steps not taken in the whole run: non-finite losses and float16 overflows
+        (should stay 0 but for float16's first few steps, see optim.py)."""
+        return self.actor_opt.skipped + (self.critic_opt.skipped if self.critic_opt else 0)
 
     # ------------------------------------------------------------------ one iteration
     def step(self, prompt_batches, sample_gen=None, shuffle_gen=None) -> tuple[list[Experience], dict]:

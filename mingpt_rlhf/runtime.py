@@ -1,4 +1,4 @@
-"""What every training script sets up: device, precision, seeds, the LR schedule, metrics.jsonl.
+"""What every training script sets up: device, precision, seeds, the LR schedule, out_dir.
 
 - `pick_device("auto")` takes CUDA, then Apple's MPS, then the CPU.
 - `autocast(device, dtype)`: mixed precision on CUDA (bf16 where the GPU supports it), plain
@@ -8,18 +8,14 @@
   Linear weights in the autocast dtype: half the memory, and exactly the numbers autocast
   would have computed from float32 copies, since it casts them to that dtype anyway.
 - `lr_at(...)`: linear warm-up, then cosine or linear decay.
-- `MetricsLog`: one JSON object per line with "step" and "time", flushed at once so a killed
-  run keeps everything it logged. On `--resume` the lines after the checkpoint's step are
-  dropped, so the file reads as if the run had never stopped.
+- metrics.jsonl is written by `metrics.MetricsLog`.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
-import time
 
 import numpy as np
 import torch
@@ -68,13 +64,15 @@ def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Modul
 
     Under autocast to `dtype` this changes no result: autocast casts float32 Linear weights
     to `dtype` before every matmul. Embeddings and LayerNorms stay float32; the output layer
-    shares the token embedding, so it stays float32 too (logits must be exact, model.py)."""
+    shares the token embedding, so it stays float32 too (logits must be exact, model.py), and
+    so do the reward and value heads, which compute in float32 (heads.ScalarHead)."""
     if dtype == torch.float32:
         return model
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     for m in model.modules():
         if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2 \
-                and not isinstance(m, torch.nn.Embedding) and id(m.weight) not in embeddings:
+                and not isinstance(m, torch.nn.Embedding) and id(m.weight) not in embeddings \
+                and not getattr(m, "keep_float32", False):  # scalar heads (heads.ScalarHead)
             for p in (m.weight, getattr(m, "bias", None)):
                 if p is not None and not p.requires_grad:
                     p.data = p.data.to(dtype)
@@ -133,52 +131,3 @@ def prepare_out_dir(out_dir: str) -> None:
     except OSError as e:
         raise UserError(f"cannot write to --out_dir {out_dir} ({e.strerror or e}); pass a folder "
                         f"you can write to") from None
-
-
-class MetricsLog:
-    """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began.
-    Under torchrun only rank 0 writes (the others log nothing, and get the entry back)."""
-
-    def __init__(self, out_dir: str, resume_step: int | None = None, time_offset: float = 0.0):
-        self.path = os.path.join(out_dir, "metrics.jsonl")
-        self.start = time.time() - time_offset
-        self.writes = is_main()
-        if not self.writes:
-            return
-        os.makedirs(out_dir, exist_ok=True)
-        kept = []
-        if resume_step is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                for line in f:
-                    entry = json.loads(line)
-                    if entry.get("step", 0) <= resume_step and not entry.get("final"):
-                        kept.append(line)
-        with open(self.path, "w") as f:
-            f.writelines(kept)
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def log(self, step: int, **figures) -> dict:
-        entry = {"step": step, "time": round(self.elapsed(), 3)}
-        entry.update({k: _plain(v) for k, v in figures.items()})
-        if not self.writes:
-            return entry
-        try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-        except OSError as e:
-            raise UserError(f"cannot append to {self.path} ({e.strerror or e}); free disk space, "
-                            f"then --resume (the last checkpoint is intact)") from None
-        return entry
-
-
-def _plain(v):
-    """Tensors and numpy numbers to plain Python numbers, rounded for a readable log."""
-    if isinstance(v, torch.Tensor):
-        v = v.item()
-    if isinstance(v, (np.floating, np.integer)):
-        v = v.item()
-    if isinstance(v, float):
-        return round(v, 6)
-    return v

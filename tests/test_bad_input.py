@@ -269,8 +269,9 @@ def test_save_checkpoint_turns_a_full_disk_into_a_user_error(tmp_path, monkeypat
 
 def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
     from mingpt_rlhf.errors import UserError
-    log = runtime.MetricsLog(str(tmp_path))
-    monkeypatch.setattr(runtime, "open", failing(errno.ENOSPC), raising=False)
+    from mingpt_rlhf import metrics
+    log = metrics.MetricsLog(str(tmp_path))
+    monkeypatch.setattr(metrics, "open", failing(errno.ENOSPC), raising=False)
     with pytest.raises(UserError, match="metrics.jsonl"):
         log.log(1, loss=1.0)
 

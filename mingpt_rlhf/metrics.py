@@ -1,0 +1,90 @@
+"""metrics.jsonl: what every script logs, one JSON object per line, and how it is read back.
+
+- `MetricsLog` appends a line with "step" and "time" (seconds since the run began, across
+  resumes) and the stage's figures, flushed at once so a killed run keeps everything it
+  logged. On `--resume` the lines after the checkpoint's step are dropped, so the file reads
+  as if the run had never stopped.
+- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.plot`.
+  A run killed while appending (or a full disk) can leave a half-written last line: it is
+  dropped with a one-line note, since every line before it is whole. A broken line anywhere
+  else means the file is not ours, and is a UserError.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .errors import UserError
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The entries of the metrics file at `path` (which must exist), in order."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not a metrics file written by the scripts (JSON lines)") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # cut short while being written: the rest is whole
+                print(f"note: dropped the half-written last line of {path} (the run was "
+                      f"stopped while logging)", file=sys.stderr)
+                break
+            raise UserError(f"{path} line {number} is not JSON: not a metrics file written by "
+                            f"the scripts") from None
+        if not isinstance(rows[-1], dict):
+            raise UserError(f"{path} line {number} is not a JSON object: not a metrics file "
+                            f"written by the scripts")
+    return rows
+
+
+class MetricsLog:
+    """Appends JSON lines to `out_dir/metrics.jsonl`; `time` is seconds since the run began.
+    Under torchrun only rank 0 writes (the others log nothing, and get the entry back)."""
+
+    def __init__(self, out_dir: str, resume_step: int | None = None, time_offset: float = 0.0):
+        from .distributed import is_main
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.start = time.time() - time_offset
+        self.writes = is_main()
+        if not self.writes:
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        kept = []
+        if resume_step is not None and os.path.exists(self.path):
+            kept = [entry for entry in read_metrics(self.path)
+                    if entry.get("step", 0) <= resume_step and not entry.get("final")]
+        with open(self.path, "w") as f:
+            f.writelines(json.dumps(entry) + "\n" for entry in kept)
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def log(self, step: int, **figures) -> dict:
+        entry = {"step": step, "time": round(self.elapsed(), 3)}
+        entry.update({k: _plain(v) for k, v in figures.items()})
+        if not self.writes:
+            return entry
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot append to {self.path} ({e.strerror or e}); free disk space, "
+                            f"then --resume (the last checkpoint is intact)") from None
+        return entry
+
+
+def _plain(v):
+    """Tensors and numpy numbers to plain Python numbers, rounded for a readable log."""
+    if hasattr(v, "item") and callable(v.item):  # a torch tensor or a numpy number
+        v = v.item()
+    if isinstance(v, float):
+        return round(v, 6)
+    return v
