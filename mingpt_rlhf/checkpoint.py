@@ -113,15 +113,15 @@ def resume_state(module: torch.nn.Module) -> dict:
     """What --resume restores of a trained module: its whole state, or with LoRA only what
     trains (adapters, heads) and a fingerprint of the frozen base, which a resumed run
     rebuilds from where it came from."""
-    from .lora import base_fingerprint, has_lora, trainable_state_dict
+    from .lora import base_checksums, has_lora, trainable_state_dict
     if has_lora(module):
-        return {"lora": trainable_state_dict(module), "base_checksum": base_fingerprint(module)}
+        return {"lora": trainable_state_dict(module), "base_checksums": base_checksums(module)}
     return {"state": module.state_dict()}
 
 
 def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
     """Restore what `resume_state` saved into a module built as the first run built it."""
-    from .lora import base_fingerprint, has_lora, same_base, trainable_state_dict
+    from .lora import base_checksums, has_lora, same_base, trainable_state_dict
     if "state" in saved:
         if has_lora(module):
             raise UserError(f"{where} was written by a run without LoRA; resume without "
@@ -134,9 +134,9 @@ def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
     if set(own) != set(saved["lora"]) or any(own[k].shape != saved["lora"][k].shape for k in own):
         raise UserError(f"{where}: the adapters do not fit this model; resume with the same "
                         f"--lora_rank and --lora_targets")
-    # "base_checksum" is independent of the dtype the base is held in; checkpoints written
-    # before it (with "base_fingerprint", a float64 sum that was not) are resumed unchecked
-    if "base_checksum" in saved and not same_base(base_fingerprint(module), saved["base_checksum"]):
+    # the checksums are of the bases as loaded, before they were cast to the autocast dtype;
+    # checkpoints written before them ("base_fingerprint", taken after the cast) resume unchecked
+    if "base_checksums" in saved and not same_base(base_checksums(module), saved["base_checksums"]):
         raise UserError(f"{where}: the frozen base weights differ from the ones this LoRA run "
                         f"started from (was the SFT or RM checkpoint retrained?); start anew")
     module.load_state_dict(saved["lora"], strict=False)

@@ -75,6 +75,7 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS)
     if rank <= 0:
         raise UserError(f"--lora_rank must be positive, got {rank}")
     model.requires_grad_(False)
+    model.lora_base_checksum = base_fingerprint(model)  # before any cast (checkpoint.resume_state)
     found = set()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -138,28 +139,31 @@ def trainable_state_dict(model: nn.Module) -> dict:
 
 
 def base_fingerprint(model: nn.Module) -> tuple[float, float]:
-    """A checksum of the frozen weights, to notice when a resumed LoRA run's base changed:
-    (sum, sum of magnitudes).
-
-    The same base gives the same numbers however it is held: each weight is rounded to
-    bfloat16 first (a no-op on weights `hold_frozen_in` already holds in bf16, the same
-    rounding on float32 ones), and the sums are taken per tensor in float32 (Apple's MPS has
-    no float64), then added up in Python. Compare with `same_base`: devices sum in other
-    orders."""
+    """A checksum of the frozen weights of `model`: (sum, sum of magnitudes), each tensor
+    summed in float32 (Apple's MPS has no float64), then added up in Python."""
     total, magnitude = 0.0, 0.0
     with torch.no_grad():
         for p in model.parameters():
             if not p.requires_grad:
-                w = p.to(torch.bfloat16).float()
-                total += w.sum().item()
-                magnitude += w.abs().sum().item()
+                total += p.float().sum().item()
+                magnitude += p.float().abs().sum().item()
     return total, magnitude
 
 
-def same_base(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """Two `base_fingerprint`s of one base: equal within 1e-4 of the sum of magnitudes. That
-    covers float32 summation order and a base once held in float16, whose rounding to bf16
-    differs from float32's on ~1 weight in 16 by one bf16 step (measured: 1.5e-5 of the sum
-    on a 15k-weight model, less on larger ones); a retrained base moves the sums far more."""
-    tolerance = 1e-4 * max(1.0, a[1], b[1])
-    return abs(a[0] - b[0]) <= tolerance and abs(a[1] - b[1]) <= tolerance
+def base_checksums(model: nn.Module) -> list[tuple[float, float]]:
+    """The `base_fingerprint` of each base that `add_lora` adapted inside `model`, taken when
+    it was frozen, in float32: what a LoRA checkpoint saves and a resumed run compares. Taken
+    then, it does not depend on the dtype the base is held in afterwards (`hold_frozen_in`)."""
+    return [m.lora_base_checksum for m in model.modules() if hasattr(m, "lora_base_checksum")]
+
+
+def same_base(a: list, b: list) -> bool:
+    """Checksums of the same bases: equal up to float32 summation order (devices sum in other
+    orders), 1e-6 of the sum of magnitudes. A retrained base moves them by far more."""
+    if len(a) != len(b):
+        return False
+    for (sum_a, mag_a), (sum_b, mag_b) in zip(a, b):
+        tolerance = 1e-6 * max(1.0, mag_a, mag_b)
+        if abs(sum_a - sum_b) > tolerance or abs(mag_a - mag_b) > tolerance:
+            return False
+    return True

@@ -1,4 +1,5 @@
 """Reward model and critic: score at the last real token, pairwise loss math, learning."""
+import copy
 import math
 
 import pytest
@@ -116,3 +117,26 @@ def test_reward_model_learns_a_preference():
     with torch.no_grad():
         acc = (model(c) > model(r)).float().mean().item()
     assert acc > 0.9, acc
+
+
+def test_scores_and_values_stay_float32_under_bf16_autocast(rm):
+    """Autocast would run the head in bf16: scores rounded to steps of 2**-7 near 1..2, so
+    rewards move in steps and RM accuracy counts rounding ties as mistakes. The heads compute
+    in float32 (and hold_frozen_in leaves their weights in float32)."""
+    from mingpt_rlhf.runtime import hold_frozen_in
+    torch.manual_seed(1)
+    rm.set_normalisation(torch.randn(64) * 0.7 + 0.3)  # gain and bias that are not 1 and 0
+    critic = Critic(CFG)
+    critic.load_trunk_and_head(rm.state_dict())
+    frozen = hold_frozen_in(copy.deepcopy(rm).requires_grad_(False), torch.bfloat16)
+    assert frozen.head.weight.dtype == torch.float32
+    ids, mask = left_pad([[3, 4, 5, 1], [6, 7, 1], [8, 9, 10, 11, 5, 1]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = rm.gpt.trunk(ids, mask)
+        scores, frozen_scores, values = rm(ids, mask), frozen(ids, mask), critic(ids, mask)
+    assert scores.dtype == frozen_scores.dtype == values.dtype == torch.float32
+    head = hidden.float() @ rm.head.weight.float().T + rm.head.bias.float()   # (B, T, 1)
+    expected = rm.gain * head[torch.arange(3), last_real_index(mask), 0] + rm.bias
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(values[torch.arange(3), last_real_index(mask)], expected,
+                               rtol=0, atol=1e-5)

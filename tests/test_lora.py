@@ -85,3 +85,34 @@ def test_a_head_added_after_lora_trains_in_full():
 def test_unknown_target_is_a_user_error():
     with pytest.raises(UserError, match="lora_targets"):
         add_lora(GPT(CFG), 2, 4.0, targets=("c_attn", "q_proj"))
+
+
+def test_base_checksum_is_the_same_whatever_dtype_holds_the_base():
+    """A LoRA run saves a checksum of its frozen base; --resume compares it with the rebuilt
+    one. The base is then held in float32, or (hold_frozen_in, under bf16 / fp16 autocast) in
+    low precision: the same base must pass in each, and a changed base (even one row's sign
+    flipped) must not."""
+    from mingpt_rlhf.checkpoint import load_resume_state, resume_state
+    from mingpt_rlhf.runtime import hold_frozen_in
+    _, adapted = model_with_lora()
+    saved = resume_state(hold_frozen_in(copy.deepcopy(adapted), torch.bfloat16))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        load_resume_state(hold_frozen_in(model_with_lora()[1], dtype), saved, "ckpt.pt")
+    for change in (lambda w: w.add_(0.01), lambda w: w[0].neg_()):
+        base, _ = model_with_lora()
+        with torch.no_grad():
+            change(base.transformer.h[0].attn.c_attn.weight)
+        add_lora(base, 4, 8.0)
+        with pytest.raises(UserError, match="base weights differ"):
+            load_resume_state(hold_frozen_in(base, torch.bfloat16), saved, "ckpt.pt")
+
+
+def test_merged_weights_are_built_on_the_cpu_and_only_by_rank_0(monkeypatch):
+    """Checkpoints hold merged weights; under torchrun only rank 0 writes, so the others build
+    nothing (on 8 GPUs, 8 float32 copies of every adapted weight for one file)."""
+    from mingpt_rlhf import checkpoint, distributed, lora
+    _, adapted = model_with_lora()
+    assert all(t.device.type == "cpu" for t in checkpoint.weights_for_later_stages(adapted).values())
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    monkeypatch.setattr(lora, "merged_state_dict", lambda m: pytest.fail("merged on rank 1"))
+    assert checkpoint.weights_for_later_stages(adapted) == {}
