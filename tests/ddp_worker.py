@@ -2,14 +2,20 @@
 
     torchrun --nproc_per_node 2 tests/ddp_worker.py MODE OUT SCRIPT --opt value ...
 
+    torchrun --nproc_per_node 2 tests/ddp_worker.py grad OUT -
+
 MODE
   run        call SCRIPT's main with the options (what `python SCRIPT.py` does)
+  grad       no script: the gradients of one PPO minibatch step (`minibatch_gradients`) in
+             each of SETTINGS, after averaging over the ranks, into OUT/rank{r}.pt
   kill       the same, but every rank dies right after its first checkpoint (a killed run)
   ppo_probe  train_ppo's main, recording per rank into OUT/rank{r}.json: the ratio and approx-KL
              of the first minibatch, whitening's input and output, each update's minibatch count,
              and (OUT/rank{r}.pt) the actor's weights after the last update. On rank 1 the
              approx-KL that the early stop reads is multiplied by 1e6, so the ranks' own
-             decisions would differ and only a collective one keeps them in step.
+             decisions would differ and only a collective one keeps them in step. Also the
+             most rows one `generate` call sampled (rank 0 evaluates alone: in batches of
+             its own share, not the whole rollout batch's).
 
 In every mode but kill, the worker then exits with status 4 if gloo's threads are still
 running: the script's end must release the process group (see distributed.setup).
@@ -32,6 +38,71 @@ class Killed(Exception):
     pass
 
 
+# PPO's losses that reduce over tokens, each in one setting (token means: the case where a
+# rank's own mean would be wrong); ppo_epochs 1, one minibatch holding every row
+SETTINGS = {
+    "ppo_shared": dict(algo="ppo", critic="shared", entropy_coef=0.01),      # policy + value + entropy
+    "ppo_separate": dict(algo="ppo", critic="separate"),                     # the critic's own step
+    "grpo_k3": dict(algo="grpo", group_size=2, kl_in="loss", reduction="token", entropy_coef=0.01),
+}
+
+
+def minibatch_gradients(setting: str) -> dict:
+    """The gradients of one minibatch step of PPOTrainer.learn, averaged over the ranks as
+    Optimizer.step averages them, for SETTINGS[setting]. The minibatch: 4 responses of 1, 2, 6
+    and 6 tokens; under torchrun with 2 processes rank 0 holds the two short ones and rank 1
+    the two long ones, the case where a rank's own token mean weighs tokens unevenly."""
+    import copy
+
+    import train_ppo
+    from mingpt_rlhf.heads import Critic, ScalarHead
+    from mingpt_rlhf.model import GPT, GPTConfig
+    from mingpt_rlhf.ppo import Experience, FixedKLController
+    torch.manual_seed(0)  # the same models and data on every rank
+    cfg = train_ppo.Config(**SETTINGS[setting], rollout_batch_size=4, minibatch_size=4,
+                           ppo_epochs=1, target_kl=0, ptx_coef=0, max_new_tokens=6)
+    local = train_ppo.share_of_process(cfg, distributed.world_size())
+    config = GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    actor = GPT(config)
+    ref = copy.deepcopy(actor).requires_grad_(False)
+    critic = Critic(config) if cfg.critic == "separate" and cfg.algo == "ppo" else None
+    head = ScalarHead(config.n_embd) if cfg.critic == "shared" and cfg.algo == "ppo" else None
+    for h in (critic.head if critic is not None else None, head):  # values that are not 0
+        if h is not None:
+            torch.nn.init.normal_(h.weight, std=0.1)
+    trainer = ppo_trainer.PPOTrainer(local, actor, ref, None, critic=critic, value_head=head,
+                                     eos_id=1, pad_id=0, kl_ctl=FixedKLController(0.1))
+    B, T, N = 4, 3, 6
+    lengths = torch.tensor([1, 2, 6, 6])
+    action_mask = (torch.arange(N) < lengths[:, None]).float()                  # (B, N)
+    sequences = torch.randint(2, 11, (B, T + N)).masked_fill(
+        torch.cat([torch.zeros(B, T), action_mask], 1) == 0, 0)
+    sequences[:, :T] = torch.randint(2, 11, (B, T))
+    attention_mask = torch.cat([torch.ones(B, T), action_mask], 1).long()
+    with torch.no_grad():
+        logprobs, _, _ = trainer.policy_and_values(sequences, attention_mask, T, with_values=False)
+    noise = lambda: torch.randn(B, N) * 0.3 * action_mask
+    exp = Experience(sequences, attention_mask, action_mask, (logprobs + noise()) * action_mask,
+                     (logprobs + noise()) * action_mask, noise(), noise(), noise() * 3,
+                     noise() * 3, torch.zeros(B))
+    rows = torch.arange(B).view(distributed.world_size(), -1)[distributed.rank()]
+    trainer.buffer.add(exp.select(rows))
+
+    grads = {}
+    for name, opt in (("actor", trainer.actor_opt), ("critic", trainer.critic_opt)):
+        if opt is None:
+            continue
+
+        def capture(opt=opt, name=name):
+            distributed.average_gradients(opt.params)
+            for i, p in enumerate(opt.params):
+                grads[f"{name}.{i}"] = p.grad.clone()
+            opt.adamw.zero_grad(set_to_none=True)
+        opt.step = capture
+    trainer.learn(torch.Generator().manual_seed(0))
+    return grads
+
+
 def gloo_threads() -> list[str]:
     """Names of this process's threads that belong to gloo (Linux; [] where /proc is absent)."""
     task = f"/proc/{os.getpid()}/task"
@@ -49,8 +120,14 @@ def gloo_threads() -> list[str]:
 
 def main():
     mode, out, script, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    if mode == "grad":
+        distributed.setup(torch.device("cpu"))
+        grads = {setting: minibatch_gradients(setting) for setting in SETTINGS}
+        torch.save(grads, os.path.join(out, f"rank{distributed.rank()}.pt"))
+        distributed.shutdown()
+        return
     module = importlib.import_module(script)
-    record = {"first_minibatch": None, "whiten": [], "minibatch_steps": []}
+    record = {"first_minibatch": None, "whiten": [], "minibatch_steps": [], "generate_rows": 0}
 
     if mode == "kill":
         real = module.save_checkpoint
@@ -85,8 +162,13 @@ def main():
             record["minibatch_steps"].append(stats["minibatch_steps"])
             torch.save(self.actor.state_dict(), os.path.join(out, f"rank{os.environ['RANK']}.pt"))
             return stats
+        real_generate = ppo_trainer.generate
+
+        def generate(model, prompt_ids, *args, **kwargs):
+            record["generate_rows"] = max(record["generate_rows"], len(prompt_ids))
+            return real_generate(model, prompt_ids, *args, **kwargs)
         ppo_trainer.policy_loss, ppo_trainer.masked_whiten = policy_loss, masked_whiten
-        ppo_trainer.PPOTrainer.learn = learn
+        ppo_trainer.PPOTrainer.learn, ppo_trainer.generate = learn, generate
 
     try:
         cli.run(module.main, module.Config, argv)

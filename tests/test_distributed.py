@@ -125,6 +125,25 @@ def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_pa
     a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     for k in a:  # gradients averaged: both copies took the same steps
         assert torch.equal(a[k], b[k]), k
+    # rank 0 evaluates alone: in batches of its share, the memory a training rollout takes
+    assert ranks[0]["generate_rows"] == PPO["rollout_batch_size"] // 2
+
+
+def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(tmp_path):
+    """Token means under torchrun: rank 0 holds responses of 1 and 2 tokens, rank 1 two of 6.
+    Each rank dividing by its own count would weigh rank 0's 3 tokens as much as rank 1's 12;
+    the gradient must be that of one process with the whole minibatch: policy, value,
+    entropy and the k3 KL term alike."""
+    from ddp_worker import SETTINGS, minibatch_gradients
+    torchrun("grad", tmp_path, "-")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for setting in SETTINGS:
+        one = minibatch_gradients(setting)
+        assert set(one) == set(ranks[0][setting]) and len(one) > 4
+        for k in one:
+            torch.testing.assert_close(ranks[0][setting][k], one[k], rtol=1e-5, atol=1e-5,
+                                       msg=f"{setting} {k}")
+            assert torch.equal(ranks[0][setting][k], ranks[1][setting][k])
 
 
 def test_grpo_groups_stay_whole_on_one_process(stages, tmp_path):
