@@ -1,0 +1,251 @@
+"""Every path a user can take, at tiny size on the CPU: dtype x LoRA x resume, in every script.
+
+A GPU run is bfloat16 by default, often with --lora_rank, usually resumed at least once.
+bfloat16 autocast on the CPU runs the same casts, the same frozen bf16 weights (runtime.
+hold_frozen_in) and the same LoRA code as on a GPU, so each defect of those paths shows here.
+
+Which combinations, and why (the full product, 7 methods x 2 dtypes x 2 x 2, would take
+several minutes of bf16 on a CPU without bf16 instructions; these cover every code path):
+
+    script / method       dtype     LoRA  resumed  also
+    train_sft             bfloat16  yes   yes      --grad_accum 2 --grad_checkpoint
+    train_rm              bfloat16  yes   yes      --grad_checkpoint
+    train_dpo             bfloat16  yes   yes      --grad_accum 2 (the adapters-off reference)
+    train_dpo             bfloat16  no    no       (a frozen bf16 copy as reference)
+    train_ppo ppo         bfloat16  yes   yes      --critic separate --grad_checkpoint
+    train_ppo ppo         bfloat16  no    yes      --critic shared
+    train_ppo grpo        bfloat16  yes   no       --kl_in loss
+    train_ppo rloo        float32   yes   yes
+  float32 full fine-tuning, one process, is tests/test_scripts.py; torchrun is
+  tests/test_distributed.py. Then sample.py and the plot reader on every run's output.
+  Last, one pass of SFT -> RM -> PPO with GPT-2's 50,257-id vocabulary (tiny width), so the
+  chunked output layer, the vocabulary padded to a multiple of 64 and a PAD id of its own run
+  as they do with GPT-2.
+
+Every run: it finishes, every logged figure is finite, no optimizer step was skipped; an RL
+run starts at KL exactly 0 (step-0 eval and the first rollout) and the first minibatch of
+every update has approx-KL < 1e-3 (the policy that learns is the one that sampled). A resumed
+run was killed right after its first checkpoint, with a half-written line left at the end of
+metrics.jsonl, and must end where the uninterrupted run ends: the same weights, the same
+final figures.
+"""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import sample
+import train_dpo
+import train_ppo
+import train_rm
+import train_sft
+from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf.metrics import read_metrics
+from mingpt_rlhf.plot import read_run
+from test_scripts import TINY, Killed, kill_after_first_save
+
+BF16 = "bfloat16"
+SMALL_EVAL = dict(eval_prompts=8, max_new_tokens=8)
+
+
+def sft_cfg(out, **kw):
+    return train_sft.Config(**{**dict(out_dir=str(out), **TINY, batch_size=8, max_iters=6,
+                                      eval_interval=3, warmup_iters=1, **SMALL_EVAL), **kw})
+
+
+def rm_cfg(out, sft, **kw):
+    return train_rm.Config(**{**dict(out_dir=str(out), sft_dir=str(sft), n_pairs=48, batch_size=8,
+                                     eval_interval=3, norm_samples=8, max_new_tokens=8), **kw})
+
+
+def dpo_cfg(out, sft, **kw):
+    return train_dpo.Config(**{**dict(out_dir=str(out), sft_dir=str(sft), n_pairs=48, batch_size=8,
+                                      eval_interval=3, warmup_iters=1, **SMALL_EVAL), **kw})
+
+
+def rl_cfg(out, sft, rm, **kw):
+    return train_ppo.Config(**{**dict(out_dir=str(out), sft_dir=str(sft), rm_dir=str(rm),
+                                      max_iters=2, eval_interval=1, rollout_batch_size=8,
+                                      minibatch_size=4, ppo_epochs=2, **SMALL_EVAL), **kw})
+
+
+@pytest.fixture
+def first_minibatch_kl(monkeypatch):
+    """The approx-KL of the first minibatch of every PPO update (ratio 1 there: the policy
+    that learns is the one that sampled), recorded while the fixture is in use."""
+    seen, state = [], {"first": False}
+    real_loss, real_learn = ppo_trainer.policy_loss, ppo_trainer.PPOTrainer.learn
+
+    def learn(self, *args, **kwargs):
+        state["first"] = True
+        return real_learn(self, *args, **kwargs)
+
+    def policy_loss(*args, **kwargs):
+        out = real_loss(*args, **kwargs)
+        if state["first"]:
+            seen.append(out[2].item())
+            state["first"] = False
+        return out
+    monkeypatch.setattr(ppo_trainer, "policy_loss", policy_loss)
+    monkeypatch.setattr(ppo_trainer.PPOTrainer, "learn", learn)
+    return seen
+
+
+def check_run(out_dir, summary, rl=False):
+    """What every run must show: finished, finite figures, no skipped step, KL 0 at start."""
+    rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
+    assert rows[-1].get("final") and summary["skipped_updates"] == 0
+    for row in rows:
+        for key, value in row.items():
+            assert not isinstance(value, float) or math.isfinite(value), (key, row)
+    assert all(row.get("skipped_updates", 0) == 0 for row in rows)
+    if rl:
+        step0 = [r for r in rows if r.get("split") == "eval" and r["step"] == 0]
+        first = [r for r in rows if "pg_loss" in r][0]
+        assert step0 and step0[0]["kl"] == 0.0 and first["step"] == 1 and first["kl"] == 0.0
+    read_run(out_dir)  # the plot's reader takes every run
+
+
+def straight_and_resumed(monkeypatch, module, make_cfg, root):
+    """Run `make_cfg(folder)` uninterrupted, and again killed after its first checkpoint with
+    a half-written last metrics line, then resumed: the two must end in the same place.
+    Returns (summary of the uninterrupted run, summary of the resumed one)."""
+    straight = module.main(make_cfg(root / "straight"))
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, module)
+        with pytest.raises(Killed):
+            module.main(make_cfg(root / "killed"))
+    with open(root / "killed" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "time": 9.1, "lo')  # the process died while appending
+    resumed = module.main(make_cfg(root / "killed", resume=True))
+    a, b = (torch.load(root / run / "ckpt.pt", weights_only=False) for run in ("straight", "killed"))
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-6, msg=k)
+    drop_time = lambda s: {k: v for k, v in s.items() if k != "time"}
+    assert drop_time(straight) == drop_time(resumed)
+    return straight, resumed
+
+
+@pytest.fixture(scope="module")
+def bf16_stages(tmp_path_factory):
+    """SFT (bf16, LoRA, grad_accum 2, checkpointing) and RM (bf16, LoRA), each killed and
+    resumed; the later stages of this module start from them."""
+    root = tmp_path_factory.mktemp("matrix")
+    with pytest.MonkeyPatch.context() as mp:
+        lora = dict(dtype=BF16, lora_rank=4, lora_alpha=8.0, grad_checkpoint=True)
+        sft, _ = straight_and_resumed(mp, train_sft, lambda out, **kw: sft_cfg(
+            out, grad_accum=2, **lora, **kw), root / "sft")
+        check_run(root / "sft" / "killed", sft)
+        rm, _ = straight_and_resumed(mp, train_rm, lambda out, **kw: rm_cfg(
+            out, root / "sft" / "killed", **lora, **kw), root / "rm")
+        check_run(root / "rm" / "killed", rm)
+    return root / "sft" / "killed", root / "rm" / "killed"
+
+
+def sample_from(ckpt_dir, rm_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the plot was"}\n{"prompt": "the cast felt"}\n')
+    sample.main(sample.Config(ckpt_dir=str(ckpt_dir), prompts=str(prompts), rm_dir=str(rm_dir),
+                              max_new_tokens=8))
+    out = capsys.readouterr().out
+    assert "the plot was" in out and "the cast felt" in out
+
+
+def test_sft_and_rm_in_bf16_with_lora_resume_exactly(bf16_stages, tmp_path, capsys):
+    sft, rm = bf16_stages
+    sample_from(sft, rm, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("lora", [4, 0], ids=["lora", "full"])
+def test_dpo_in_bf16(bf16_stages, tmp_path, monkeypatch, capsys, lora):
+    """With LoRA the eval's sampling needs autocast (a bf16 base); resumed, the base checksum
+    is compared after the base is held in bf16."""
+    sft, rm = bf16_stages
+    make = lambda out, **kw: dpo_cfg(out, sft, dtype=BF16, lora_rank=lora, lora_alpha=8.0,
+                                     grad_accum=2 if lora else 1, **kw)
+    if lora:
+        summary, _ = straight_and_resumed(monkeypatch, train_dpo, make, tmp_path)
+        out = tmp_path / "killed"
+    else:
+        out = tmp_path / "dpo"
+        summary = train_dpo.main(make(out))
+    check_run(out, summary)
+    rows = read_metrics(os.path.join(out, "metrics.jsonl"))
+    assert [r for r in rows if r.get("split") == "eval"][0]["kl"] == 0.0
+    sample_from(out, rm, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("algo,dtype,lora,resume,extra", [
+    ("ppo", BF16, 4, True, dict(critic="separate", grad_checkpoint=True)),
+    ("ppo", BF16, 0, True, dict(critic="shared")),
+    ("grpo", BF16, 4, False, dict(group_size=4, kl_in="loss")),
+    ("rloo", "float32", 4, True, dict(group_size=4)),
+], ids=["ppo-separate-bf16-lora-resume", "ppo-shared-bf16-resume", "grpo-bf16-lora",
+        "rloo-fp32-lora-resume"])
+def test_rl_methods(bf16_stages, tmp_path, monkeypatch, capsys, first_minibatch_kl, algo, dtype,
+                    lora, resume, extra):
+    sft, rm = bf16_stages
+    make = lambda out, **kw: rl_cfg(out, sft, rm, algo=algo, dtype=dtype, lora_rank=lora,
+                                    lora_alpha=8.0, **extra, **kw)
+    if resume:
+        summary, _ = straight_and_resumed(monkeypatch, train_ppo, make, tmp_path)
+        out = tmp_path / "killed"
+        check_run(tmp_path / "straight", summary, rl=True)
+    else:
+        out = tmp_path / "run"
+        summary = train_ppo.main(make(out))
+    check_run(out, summary, rl=True)
+    assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3, first_minibatch_kl
+    sample_from(out, rm, tmp_path, capsys)
+
+
+def gpt2_vocab_folder(folder):
+    """GPT-2's files at tiny width: vocab.json with 50,257 ids (the BPE test's merges, then
+    filler tokens, <|endoftext|> last at 50256), merges.txt, random weights."""
+    from test_bpe import make_files
+    from test_pretrained import gpt2_raw, write_safetensors
+    make_files(folder)
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    eot = max(vocab, key=vocab.get)
+    del vocab[eot]
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), 50256)})
+    vocab[eot] = 50256
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    raw = gpt2_raw(vocab=50257)
+    raw["wpe.weight"] = torch.randn(64, raw["wpe.weight"].size(1)) * 0.02  # block 64
+    write_safetensors(folder / "model.safetensors", raw)
+    (folder / "config.json").write_text(json.dumps({"n_head": 4}))
+    return folder
+
+
+def test_gpt2_vocabulary_through_sft_rm_and_ppo(tmp_path, first_minibatch_kl):
+    from mingpt_rlhf.tokenizer import tokenizer_from_state
+    from test_gpt2_scripts import DIALOGUES, write_jsonl
+    folder = gpt2_vocab_folder(tmp_path)
+    demos = write_jsonl(tmp_path / "demos.jsonl",
+                        [{"prompt": p, "response": r} for p, r in DIALOGUES] * 8)
+    prefs = write_jsonl(tmp_path / "prefs.jsonl",
+                        [{"prompt": p, "chosen": r, "rejected": " no."} for p, r in DIALOGUES] * 8)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p, _ in DIALOGUES] * 3)
+    sft = train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), init_from=str(folder),
+                                          data=demos, max_iters=3, eval_interval=3, batch_size=8,
+                                          warmup_iters=1, dtype=BF16, lora_rank=4))
+    check_run(tmp_path / "sft", sft)
+    ckpt = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
+    tok = tokenizer_from_state(ckpt["tokenizer"])
+    assert tok.eos_id == 50256 and tok.pad_id == 50257 and tok.vocab_size == 50258
+    assert ckpt["model"]["transformer.wte.weight"].shape[0] == 50304  # padded to 64
+    rm = train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm"), sft_dir=str(tmp_path / "sft"),
+                                       data=prefs, batch_size=4, eval_interval=4, norm_samples=4,
+                                       max_new_tokens=8, dtype=BF16))
+    check_run(tmp_path / "rm", rm)
+    ppo = train_ppo.main(train_ppo.Config(
+        out_dir=str(tmp_path / "ppo"), sft_dir=str(tmp_path / "sft"), rm_dir=str(tmp_path / "rm"),
+        prompts=prompts, ptx_data=demos, max_iters=2, rollout_batch_size=4, minibatch_size=2,
+        ppo_epochs=1, max_new_tokens=8, eval_interval=2, eval_prompts=4, dtype=BF16,
+        lora_rank=4))
+    check_run(tmp_path / "ppo", ppo, rl=True)
+    assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3
