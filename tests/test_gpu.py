@@ -1,43 +1,145 @@
-"""On a CUDA GPU: what only a GPU can show (skipped without one; run with `pytest -m gpu`).
+"""On a CUDA GPU: every script where the device matters (skipped without one; `pytest -m gpu`).
 
-The CPU suite tests every property; these run the same code where the device matters:
-a CUDA sampling generator next to CPU shuffling, bf16 autocast with frozen models held in
-bf16, float16 with loss scaling, the KV cache in the compute dtype, LoRA, all three scripts.
+The CPU suite proves every property, and tests/test_matrix.py runs every path in bf16 on the
+CPU. These run the same paths on the device, with its default dtype (bf16 where supported):
+a CUDA sampling generator next to CPU shuffling, frozen models held in bf16, the KV cache in
+the compute dtype, LoRA merges built on the CPU, float16 with loss scaling, GPT-2's 50,257-id
+vocabulary, a checkpoint moved between the GPU and the CPU, and nccl when 2 GPUs are visible.
+
+Every run: finite figures, no skipped step, KL exactly 0 at the start and approx-KL < 1e-3 on
+the first minibatch of every update, a killed run resumes to the uninterrupted one's weights,
+and a checkpoint reloads to the logits the run computed.
+
+MINGPT_RLHF_GPU_TESTS_ON=cpu runs this module on the CPU instead (a dry run of the tests'
+own logic where no GPU is lent; the CUDA-only checks are then skipped).
 """
 import copy
+import os
 
 import pytest
 import torch
 
+import train_dpo
 import train_ppo
 import train_rm
 import train_sft
 from conftest import left_pad
-from test_scripts import ppo_cfg, rm_cfg, sft_cfg
+from test_matrix import (check_run, dpo_cfg, first_minibatch_kl, gpt2_vocab_pipeline,  # noqa: F401
+                         rl_cfg, rm_cfg, sft_cfg, straight_and_resumed)
 
+DEVICE = os.environ.get("MINGPT_RLHF_GPU_TESTS_ON", "cuda")
+ON_CUDA = DEVICE == "cuda"
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="a CUDA-only check")
+LORA = dict(lora_rank=4, lora_alpha=8.0)
 
 
 @pytest.fixture(scope="module")
 def cuda_stages(tmp_path_factory):
+    """SFT and RM with LoRA in the device's default dtype, each killed and resumed."""
     root = tmp_path_factory.mktemp("cuda")
-    train_sft.main(sft_cfg(root / "sft", device="cuda"))
-    train_rm.main(rm_cfg(root / "rm", root / "sft", device="cuda"))
-    return root
+    with pytest.MonkeyPatch.context() as mp:
+        sft, _ = straight_and_resumed(mp, train_sft, lambda out, **kw: sft_cfg(
+            out, device=DEVICE, dtype="auto", grad_accum=2, **LORA, **kw), root / "sft")
+        check_run(root / "sft" / "killed", sft)
+        rm, _ = straight_and_resumed(mp, train_rm, lambda out, **kw: rm_cfg(
+            out, root / "sft" / "killed", device=DEVICE, dtype="auto", **LORA, **kw), root / "rm")
+        check_run(root / "rm" / "killed", rm)
+    return root / "sft" / "killed", root / "rm" / "killed"
 
 
-@pytest.mark.parametrize("critic,dtype,lora", [("shared", "auto", 0), ("separate", "auto", 0),
-                                               ("separate", "float16", 0), ("shared", "auto", 4)])
-def test_ppo_runs_on_cuda(cuda_stages, tmp_path, critic, dtype, lora):
-    """Two iterations and an eval: the first update used to stop at randperm with a CUDA
-    generator ("Expected a 'cpu' device type for generator")."""
-    root = cuda_stages
-    summary = train_ppo.main(ppo_cfg(tmp_path, root / "sft", root / "rm", device="cuda",
-                                     dtype=dtype, critic=critic, lora_rank=lora, max_iters=2))
-    assert summary["final"] and 0 <= summary["well_formed"] <= 1
+def reloads_to_the_same_logits(ckpt_dir):
+    """The policy in a checkpoint gives the same float32 logits on the GPU as on the CPU; a
+    LoRA run's merged weights were written from the CPU (not a GPU copy per process)."""
+    from mingpt_rlhf.model import GPT, GPTConfig
+    ckpt = torch.load(os.path.join(ckpt_dir, "ckpt.pt"), weights_only=False)  # devices as saved
+    assert all(t.device.type == "cpu" for t in ckpt["model"].values())
+    model = GPT(GPTConfig(**ckpt["model_config"])).eval()
+    model.load_state_dict(ckpt["model"])
+    ids, mask = left_pad([[5, 6, 7, 8], [9, 10]])
+    with torch.no_grad():
+        on_cpu = model(ids, mask)
+        on_device = model.to(DEVICE)(ids.to(DEVICE), mask.to(DEVICE)).cpu()
+    torch.testing.assert_close(on_device, on_cpu, rtol=0, atol=1e-4)
 
 
+def test_sft_and_rm_on_the_device(cuda_stages):
+    reloads_to_the_same_logits(cuda_stages[0])
+
+
+@pytest.mark.parametrize("lora", [4, 0], ids=["lora", "full"])
+def test_dpo_on_the_device(cuda_stages, tmp_path, monkeypatch, lora):
+    sft, _ = cuda_stages
+    summary, _ = straight_and_resumed(monkeypatch, train_dpo, lambda out, **kw: dpo_cfg(
+        out, sft, device=DEVICE, dtype="auto", lora_rank=lora, lora_alpha=8.0, **kw), tmp_path)
+    check_run(tmp_path / "killed", summary)
+    reloads_to_the_same_logits(tmp_path / "killed")
+
+
+@pytest.mark.parametrize("algo,lora,dtype,extra", [
+    ("ppo", 4, "auto", dict(critic="separate", grad_checkpoint=True)),
+    ("ppo", 0, "auto", dict(critic="shared")),
+    ("grpo", 4, "auto", dict(group_size=4, kl_in="loss")),
+    ("rloo", 0, "auto", dict(group_size=4)),
+], ids=["ppo-separate-lora", "ppo-shared", "grpo-lora", "rloo"])
+def test_rl_methods_on_the_device(cuda_stages, tmp_path, monkeypatch, first_minibatch_kl, algo,
+                                  lora, dtype, extra):
+    sft, rm = cuda_stages
+    summary, _ = straight_and_resumed(monkeypatch, train_ppo, lambda out, **kw: rl_cfg(
+        out, sft, rm, device=DEVICE, algo=algo, dtype=dtype, lora_rank=lora, lora_alpha=8.0,
+        **extra, **kw), tmp_path)
+    check_run(tmp_path / "killed", summary, rl=True)
+    assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3, first_minibatch_kl
+    reloads_to_the_same_logits(tmp_path / "killed")
+
+
+@needs_cuda
+def test_float16_counts_the_scalers_first_skipped_steps(cuda_stages, tmp_path):
+    """float16 with loss scaling: the scaler may skip the first steps at its initial scale
+    (counted in skipped_updates, said in the README); the run still learns and ends finite."""
+    sft, rm = cuda_stages
+    summary = train_ppo.main(rl_cfg(tmp_path, sft, rm, device="cuda", dtype="float16",
+                                    critic="separate", max_iters=3))
+    assert 0 <= summary["skipped_updates"] <= 3 and summary["final"]
+
+
+def test_gpt2_vocabulary_on_the_device(tmp_path, first_minibatch_kl):
+    _, _, ppo = gpt2_vocab_pipeline(tmp_path, first_minibatch_kl, device=DEVICE, dtype="auto")
+
+
+@needs_cuda
+def test_a_gpu_checkpoint_resumes_on_the_cpu_with_a_note(cuda_stages, tmp_path, monkeypatch, capsys):
+    """Its CUDA random streams cannot be restored on a CPU: reseeded, with a one-line note."""
+    from test_scripts import Killed, kill_after_first_save
+    sft, rm = cuda_stages
+    with monkeypatch.context() as m:
+        kill_after_first_save(m, train_ppo)
+        with pytest.raises(Killed):
+            train_ppo.main(rl_cfg(tmp_path, sft, rm, device="cuda"))
+    capsys.readouterr()
+    summary = train_ppo.main(rl_cfg(tmp_path, sft, rm, device="cpu", resume=True))
+    assert summary["final"] and "written on another kind of device" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_processes_on_two_gpus_with_nccl(cuda_stages, tmp_path):
+    """torchrun with nccl: the ranks stay in step (the same weights after every update) and
+    the first minibatch's ratio is exactly 1 on both."""
+    import json
+    from test_distributed import options, torchrun
+    sft, rm = cuda_stages
+    torchrun("ppo_probe", tmp_path, "train_ppo", *options(
+        out_dir=tmp_path / "ppo", sft_dir=sft, rm_dir=rm, device="cuda", max_iters=2,
+        rollout_batch_size=8, minibatch_size=4, ppo_epochs=2, eval_interval=2, eval_prompts=8,
+        max_new_tokens=8))
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    assert all(r["first_minibatch"]["approx_kl"] < 1e-3 for r in ranks)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in range(2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@needs_cuda
 def test_frozen_bf16_copy_equals_autocast_on_cuda():
     from mingpt_rlhf.model import GPT, GPTConfig
     from mingpt_rlhf.runtime import hold_frozen_in
@@ -52,6 +154,7 @@ def test_frozen_bf16_copy_equals_autocast_on_cuda():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@needs_cuda
 def test_float16_step_is_scaled_on_cuda():
     from mingpt_rlhf.model import GPT, GPTConfig
     from mingpt_rlhf.optim import Optimizer

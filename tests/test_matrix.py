@@ -221,31 +221,38 @@ def gpt2_vocab_folder(folder):
     return folder
 
 
-def test_gpt2_vocabulary_through_sft_rm_and_ppo(tmp_path, first_minibatch_kl):
+def gpt2_vocab_pipeline(root, first_minibatch_kl, **where):
+    """SFT (LoRA) -> RM -> PPO (LoRA, ptx) on user JSONL from the 50,257-id GPT-2 files, in
+    bf16 unless `where` says otherwise (device, dtype). Returns the three out_dirs."""
     from mingpt_rlhf.tokenizer import tokenizer_from_state
     from test_gpt2_scripts import DIALOGUES, write_jsonl
-    folder = gpt2_vocab_folder(tmp_path)
-    demos = write_jsonl(tmp_path / "demos.jsonl",
+    where = {"dtype": BF16, **where}
+    folder = gpt2_vocab_folder(root)
+    demos = write_jsonl(root / "demos.jsonl",
                         [{"prompt": p, "response": r} for p, r in DIALOGUES] * 8)
-    prefs = write_jsonl(tmp_path / "prefs.jsonl",
+    prefs = write_jsonl(root / "prefs.jsonl",
                         [{"prompt": p, "chosen": r, "rejected": " no."} for p, r in DIALOGUES] * 8)
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p, _ in DIALOGUES] * 3)
-    sft = train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), init_from=str(folder),
+    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": p} for p, _ in DIALOGUES] * 3)
+    sft = train_sft.main(train_sft.Config(out_dir=str(root / "sft"), init_from=str(folder),
                                           data=demos, max_iters=3, eval_interval=3, batch_size=8,
-                                          warmup_iters=1, dtype=BF16, lora_rank=4))
-    check_run(tmp_path / "sft", sft)
-    ckpt = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
+                                          warmup_iters=1, lora_rank=4, **where))
+    check_run(root / "sft", sft)
+    ckpt = torch.load(root / "sft" / "ckpt.pt", weights_only=False)
     tok = tokenizer_from_state(ckpt["tokenizer"])
     assert tok.eos_id == 50256 and tok.pad_id == 50257 and tok.vocab_size == 50258
     assert ckpt["model"]["transformer.wte.weight"].shape[0] == 50304  # padded to 64
-    rm = train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm"), sft_dir=str(tmp_path / "sft"),
+    rm = train_rm.main(train_rm.Config(out_dir=str(root / "rm"), sft_dir=str(root / "sft"),
                                        data=prefs, batch_size=4, eval_interval=4, norm_samples=4,
-                                       max_new_tokens=8, dtype=BF16))
-    check_run(tmp_path / "rm", rm)
+                                       max_new_tokens=8, **where))
+    check_run(root / "rm", rm)
     ppo = train_ppo.main(train_ppo.Config(
-        out_dir=str(tmp_path / "ppo"), sft_dir=str(tmp_path / "sft"), rm_dir=str(tmp_path / "rm"),
+        out_dir=str(root / "ppo"), sft_dir=str(root / "sft"), rm_dir=str(root / "rm"),
         prompts=prompts, ptx_data=demos, max_iters=2, rollout_batch_size=4, minibatch_size=2,
-        ppo_epochs=1, max_new_tokens=8, eval_interval=2, eval_prompts=4, dtype=BF16,
-        lora_rank=4))
-    check_run(tmp_path / "ppo", ppo, rl=True)
+        ppo_epochs=1, max_new_tokens=8, eval_interval=2, eval_prompts=4, lora_rank=4, **where))
+    check_run(root / "ppo", ppo, rl=True)
     assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3
+    return root / "sft", root / "rm", root / "ppo"
+
+
+def test_gpt2_vocabulary_through_sft_rm_and_ppo(tmp_path, first_minibatch_kl):
+    gpt2_vocab_pipeline(tmp_path, first_minibatch_kl)
