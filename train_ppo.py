@@ -91,6 +91,9 @@ class Config:
     generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
                                       "of the rollout batch); "
                                       "fewer hold a smaller KV cache, the largest tensor of the rollout")
+    score_batch_size: int = opt(0, "rows per forward pass when scoring a rollout (actor, "
+                                   "reference, critic, RM; no gradients), per process (0 = "
+                                   "--minibatch_size, the whole minibatch's, not its share)")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
@@ -157,6 +160,9 @@ def check_config(cfg: Config):
         raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
                         f"responses (--rollout_batch_size x --rollouts_per_update = "
                         f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
+    if cfg.score_batch_size < 0:
+        raise UserError(f"--score_batch_size must be >= 0 (0 = --minibatch_size), "
+                        f"got {cfg.score_batch_size}")
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
@@ -262,8 +268,11 @@ def share_of_process(cfg: Config, world: int) -> Config:
                         f"and --minibatch_size {cfg.minibatch_size} must both divide by {world}")
     if world == 1:
         return cfg
+    # scoring has no gradients, so its batch need not shrink with the minibatch's share:
+    # under 8 processes and a minibatch of 16 a share is 2 rows, too few to fill a GPU
     return replace(cfg, rollout_batch_size=cfg.rollout_batch_size // world,
-                   minibatch_size=cfg.minibatch_size // world)
+                   minibatch_size=cfg.minibatch_size // world,
+                   score_batch_size=cfg.score_batch_size or cfg.minibatch_size)
 
 
 def main(cfg: Config) -> dict:

@@ -220,8 +220,12 @@ class GPT(nn.Module):
         if past + T > self.config.block_size:
             raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
                              f"{self.config.block_size}")
-        if attention_mask is not None and attention_mask.all():
-            attention_mask = None  # no padding anywhere: take the unmasked fast path
+        # no padding anywhere: take the unmasked fast path. Not asked in a decoding step of one
+        # token: the answer would cost a host sync per generated token (the CPU could not queue
+        # the GPU's next step ahead), and sampling passes a mask there only when a row is padded
+        if attention_mask is not None and not (kv_cache is not None and T == 1) \
+                and attention_mask.all():
+            attention_mask = None
         if position_ids is None:
             if attention_mask is None:
                 position_ids = torch.arange(past, past + T, device=idx.device)[None]  # (1, T)

@@ -160,11 +160,12 @@ class PPOTrainer:
         responses = seqs[:, T:]                                         # (B, N)
         action_mask = action_mask[:, T:].float()                        # (B, N)
 
-        # score in slices of minibatch_size rows: the activations of a whole rollout batch of
-        # long sequences would set the peak memory of the iteration
+        # score in slices of score_batch_size rows (default: minibatch_size): the activations
+        # of a whole rollout batch of long sequences would set the peak memory of the iteration
         parts = []
-        for i in range(0, len(seqs), cfg.minibatch_size):
-            rows = slice(i, i + cfg.minibatch_size)
+        rows_per_pass = getattr(cfg, "score_batch_size", 0) or cfg.minibatch_size
+        for i in range(0, len(seqs), rows_per_pass):
+            rows = slice(i, i + rows_per_pass)
             with self.amp():
                 lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
                 ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)

@@ -161,6 +161,7 @@ def test_each_process_gets_whole_groups_or_the_run_is_refused():
     cfg = train_ppo.Config(algo="grpo", group_size=4, rollout_batch_size=16, minibatch_size=8)
     local = train_ppo.share_of_process(cfg, 2)  # 4 groups of 4: 2 whole groups per process
     assert (local.rollout_batch_size, local.minibatch_size) == (8, 4)
+    assert local.score_batch_size == 8  # scoring (no gradients) keeps the whole minibatch's size
     assert train_ppo.share_of_process(cfg, 1) is cfg
     with pytest.raises(UserError, match="must both divide by 2"):  # 3 groups cannot be split
         train_ppo.share_of_process(train_ppo.Config(algo="grpo", group_size=4,
