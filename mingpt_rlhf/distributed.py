@@ -12,7 +12,8 @@ What must be computed over all ranks, not per rank (a per-rank figure would be a
 number, and the ranks would disagree):
 - gradients: averaged in `Optimizer.step` (`average_gradients`);
 - statistics of the whole batch: PPO's advantage whitening (sums and sums of squares,
-  `all_sum`), the KL fed to the KL controller and every logged mean (`mean_over_ranks`);
+  `all_sum`), token means (SFT's loss, PPO's per-token losses: `tokens_per_rank`), the KL
+  fed to the KL controller and every logged mean (`mean_over_ranks`);
 - decisions: the early stop on approx-KL and skipping a non-finite step (`all_agree`): if one
   rank stopped while another stepped, the next all-reduce would wait forever.
 
@@ -106,6 +107,21 @@ def mean_over_ranks(stats: dict) -> dict:
     keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)))
     values = all_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64))
     return {**stats, **{k: (v / world_size()).item() for k, v in zip(keys, values)}}
+
+
+def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
+    """What a token mean divides by so that N processes compute one process's mean.
+
+    One process: the number of real tokens in `mask` (the usual mean). Under torchrun each
+    process holds part of the batch and the gradients are then averaged over the processes,
+    so a process dividing by its own count would weigh a process of short responses as much
+    as one of long responses. Dividing every process's sum by the processes' mean count
+    instead makes the average of their results sum(all) / count(all): the token mean of the
+    whole batch (SFT's loss, PPO's token means, ptx)."""
+    count = mask.sum()
+    if is_distributed():
+        count = all_sum(count) / world_size()
+    return count.clamp(min=1)
 
 
 def all_agree(flag: bool) -> bool:

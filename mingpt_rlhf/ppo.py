@@ -30,32 +30,17 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .distributed import all_sum, world_size
+from .distributed import all_sum
 from .logprobs import token_logprobs  # noqa: F401  (part of the PPO math; tests import it here)
 
 
 # ----------------------------------------------------------------------------- helpers
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None, tokens=None) -> torch.Tensor:
     """Mean of `x` over the positions where `mask` is 1. `tokens` replaces the count of those
-    positions as the divisor (see `tokens_per_rank`)."""
+    positions as the divisor (see `distributed.tokens_per_rank`)."""
     if dim is None:
         return (x * mask).sum() / (mask.sum().clamp(min=1) if tokens is None else tokens)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
-    """What a token mean divides by so that N processes compute one process's mean.
-
-    One process: the number of real tokens (the usual mean). Under torchrun each process
-    holds part of the minibatch and the gradients are then averaged over the processes, so a
-    process dividing by its own count would weigh a process of short responses as much as
-    one of long responses. Dividing every process's sum by the mean count over the
-    processes instead makes the average of their results sum(all) / count(all): the token
-    mean of the whole minibatch."""
-    count = mask.sum()
-    if world_size() > 1:
-        count = all_sum(count) / world_size()
-    return count.clamp(min=1)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
@@ -196,7 +181,7 @@ class ReplayBuffer:
 def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None, tokens=None):
     """One scalar from per-token losses (B, N), over real tokens only:
     - "token":    mean over every real token of the minibatch (our PPO; DAPO), dividing by
-                  `tokens` when given (`tokens_per_rank`: the whole minibatch's mean under torchrun);
+                  `tokens` when given (`distributed.tokens_per_rank`: the whole minibatch's mean under torchrun);
     - "sequence": mean over each response's tokens, then over responses (GRPO): a token of a
                   short response weighs more than one of a long response;
     - "budget":   sum over each response's tokens / `budget` (the generation budget), mean over
@@ -216,7 +201,7 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
                 how: str = "token", budget: int | None = None, tokens=None):
     """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and its
     diagnostics (clipfrac, approx_kl: masked means over tokens). `tokens`: see
-    `tokens_per_rank`."""
+    `distributed.tokens_per_rank`."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -231,7 +216,7 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
 
 def value_loss(values, old_values, returns, action_mask, clip_range: float = 0.2, tokens=None):
     """Clipped value loss: the critic may not move more than clip_range from its old values.
-    A mean over real tokens (`tokens`: see `tokens_per_rank`)."""
+    A mean over real tokens (`tokens`: see `distributed.tokens_per_rank`)."""
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     loss = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
     return 0.5 * masked_mean(loss, action_mask, tokens=tokens)

@@ -39,13 +39,12 @@ import torch
 import torch.nn.functional as F
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
-from .distributed import all_agree, mean_over_ranks, world_size
+from .distributed import all_agree, mean_over_ranks, tokens_per_rank, world_size
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  masked_mean, masked_whiten, policy_loss, reduce_tokens, tokens_per_rank,
-                  value_loss)
+                  masked_mean, masked_whiten, policy_loss, reduce_tokens, value_loss)
 from .sampling import generate
 
 
@@ -236,8 +235,8 @@ class PPOTrainer:
         device = next(self.actor.parameters()).device
         with self.amp():
             loss = lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
-        if world_size() > 1:  # a mean over all ranks' target tokens (ppo.tokens_per_rank)
-            targeted = (targets >= 0).float()
+        if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
+            targeted = targets >= 0
             loss = loss * (targeted.sum().clamp(min=1) / tokens_per_rank(targeted)).to(loss.device)
         return loss
 
