@@ -27,7 +27,7 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_resume_state, rank_rng_states, restore_rank_rng,
                                     resume_checkpoint, resume_state, save_checkpoint,
                                     weights_for_later_stages)
-from mingpt_rlhf.distributed import (all_sum, is_main, setup, shard, shutdown, tokens_per_rank,
+from mingpt_rlhf.distributed import (all_sum, is_main, setup, shard, shutdown, token_share,
                                      world_size)
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
@@ -228,8 +228,7 @@ def main(cfg: Config) -> dict:
             share = 1.0
             if world > 1:  # the loss is a mean over the target tokens of all ranks: weigh this
                 # rank's mean by its share of them, so the averaged gradients are one process's
-                targeted = targets != IGNORE
-                share = (targeted.sum() / tokens_per_rank(targeted)).item()
+                share = token_share(targets != IGNORE)
             with ctx:
                 micro = lm_loss(model, inputs.to(device), targets.to(device)) * share / cfg.grad_accum
             optimizer.backward(micro)

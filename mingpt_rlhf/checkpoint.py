@@ -209,7 +209,9 @@ def restore_rank_rng(ckpt: dict, where: str, **generators) -> None:
             except RuntimeError:  # an earlier checkpoint, without "devices", from another device
                 pass
         moved = True
-        g.manual_seed(int(torch.randint(2 ** 62, (1,))))  # from the restored CPU stream
+        # from the restored CPU stream, which every rank shares: + rank keeps the ranks'
+        # sampling streams apart, as their first seeds were
+        g.manual_seed(int(torch.randint(2 ** 62, (1,))) + 1000 * rank())
     if moved and is_main():
         print(f"note: {where} was written on another kind of device (CPU / CUDA); its random "
               f"streams of that device were reseeded, so from here the run samples other "

@@ -124,6 +124,12 @@ def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
     return count.clamp(min=1)
 
 
+def token_share(mask: torch.Tensor) -> float:
+    """The factor that turns this process's token mean into its part of the whole batch's
+    token mean: its token count / `tokens_per_rank` (1 in one process)."""
+    return (mask.sum().clamp(min=1) / tokens_per_rank(mask)).item()
+
+
 def all_agree(flag: bool) -> bool:
     """True on every rank if `flag` is true on any rank: one decision for all of them."""
     if not is_distributed():

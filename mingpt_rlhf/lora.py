@@ -125,10 +125,11 @@ def adapters_disabled(model: nn.Module):
 
 def merged_state_dict(model: nn.Module) -> dict:
     """The state dict of the model as if it had no adapters: each adapted `weight` replaced
-    by the merged one (float32), `lora_A` / `lora_B` left out; every tensor on the CPU."""
+    by the merged one (float32, built on the CPU), `lora_A` / `lora_B` left out."""
     merged = {f"{name}.weight" if name else "weight": module
               for name, module in model.named_modules() if isinstance(module, LoRALinear)}
-    return {k: merged[k].merged_weight() if k in merged else v.detach().cpu()
+    # the other tensors are the model's own (no copy; the tied embedding stays one tensor)
+    return {k: merged[k].merged_weight() if k in merged else v
             for k, v in model.state_dict().items() if not k.endswith(("lora_A", "lora_B"))}
 
 
@@ -156,8 +157,10 @@ def base_checksums(model: nn.Module) -> list[tuple[float, float]]:
 
 def same_base(a: list, b: list) -> bool:
     """Checksums of the same tensors: equal up to float32 summation order (a GPU sums in
-    another order than a CPU), 1e-5 of each tensor's sum of magnitudes. A retrained base, or
-    one row of one tensor changed, moves some tensor's checksum by far more."""
+    another order than a CPU), 1e-5 of each tensor's sum of magnitudes. A retrained base
+    moves every tensor's checksums by far more. A small edit of a large tensor (one row of
+    GPT-2's 50,257-row embedding) can pass: this guards against resuming on another base,
+    not against tampering."""
     if len(a) != len(b):
         return False
     for (sum_a, mag_a), (sum_b, mag_b) in zip(a, b):

@@ -221,8 +221,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
                              f"{self.config.block_size}")
         # no padding anywhere: take the unmasked fast path. Not asked in a decoding step of one
-        # token: the answer would cost a host sync per generated token (the CPU could not queue
-        # the GPU's next step ahead), and sampling passes a mask there only when a row is padded
+        # token: the answer is a host sync (the CPU waits for the GPU), and sampling passes a
+        # mask there only when it holds padding (sampling.py keeps one sync per token, for
+        # its early stop when every row has ended)
         if attention_mask is not None and not (kv_cache is not None and T == 1) \
                 and attention_mask.all():
             attention_mask = None

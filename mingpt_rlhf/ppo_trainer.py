@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
-from .distributed import all_agree, mean_over_ranks, tokens_per_rank, world_size
+from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import lm_logprobs, lm_loss
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
@@ -162,7 +162,7 @@ class PPOTrainer:
         # score in slices of score_batch_size rows (default: minibatch_size): the activations
         # of a whole rollout batch of long sequences would set the peak memory of the iteration
         parts = []
-        rows_per_pass = getattr(cfg, "score_batch_size", 0) or cfg.minibatch_size
+        rows_per_pass = cfg.score_batch_size or cfg.minibatch_size
         for i in range(0, len(seqs), rows_per_pass):
             rows = slice(i, i + rows_per_pass)
             with self.amp():
@@ -236,8 +236,7 @@ class PPOTrainer:
         with self.amp():
             loss = lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
         if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
-            targeted = targets >= 0
-            loss = loss * (targeted.sum().clamp(min=1) / tokens_per_rank(targeted)).to(loss.device)
+            loss = loss * token_share(targets >= 0)
         return loss
 
     def learn(self, generator=None) -> dict:

@@ -157,6 +157,9 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     n_new = 0
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+        # the mask of this step's forward covers columns up to T + t: padded by the prompt, or
+        # by rows that stopped before t (a row that stops now has its EOS there, a real token)
+        mask_has_padding = padded
         if eos_token_id is not None:
             token = token.masked_fill(done, pad_token_id)  # a stopped row only gets padding
             full_mask[:, T + t] = (~done).long()
@@ -169,7 +172,7 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
             break
         if t + 1 == max_new_tokens:
             break  # the last token needs no forward pass
-        step_mask = full_mask[:, :T + t + 1] if padded else None
+        step_mask = full_mask[:, :T + t + 1] if mask_has_padding else None
         logits = next_token_logits(model, token[:, None], step_mask, positions[:, t:t + 1],
                                    cache, suppress)
 

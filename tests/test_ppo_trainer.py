@@ -38,6 +38,7 @@ class Cfg:
     ppo_epochs: int = 4
     minibatch_size: int = 8
     generate_batch_size: int = 0
+    score_batch_size: int = 0
     algo: str = "ppo"
     group_size: int = 4
     kl_in: str = "reward"
