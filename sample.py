@@ -24,7 +24,7 @@ from mingpt_rlhf.data import load_prompts_jsonl
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts
 from mingpt_rlhf.runtime import pick_device
-from mingpt_rlhf.tasks import get_task
+from mingpt_rlhf.tasks import get_task, task_of_tokenizer
 from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
 
 
@@ -41,7 +41,9 @@ class Config:
     seed: int = opt(1337, "random seed (the same seed gives the same responses)")
     compare: str = opt("", "a second policy folder, sampled on the same prompts for comparison")
     rm_dir: str = opt("", "a reward model folder: print its score of each response")
-    task: str = opt("reviews", "built-in task whose gold reward is printed (word-tokenizer policies)")
+    task: str = opt("auto", "built-in task whose check (gold reward) is printed for each "
+                            "response: auto (the task whose vocabulary the policy has) | "
+                            "reviews | sort")
     device: str = opt("auto", "auto | cpu | cuda | mps")
 
 
@@ -72,7 +74,9 @@ class Answerer:
                                 "compare policies trained from the same SFT run")
         self.rm = load_reward_model(cfg.rm_dir, self.policies[0][2], cfg.ckpt_dir).to(device) \
             if cfg.rm_dir else None
-        self.task = get_task(cfg.task) if isinstance(self.policies[0][2], WordTokenizer) else None
+        tokenizer = self.policies[0][2]
+        self.task = (task_of_tokenizer(tokenizer) if cfg.task == "auto" else
+                     get_task(cfg.task) if isinstance(tokenizer, WordTokenizer) else None)
 
     def answer(self, prompts: list[str]) -> list[dict]:
         """One row per (prompt, sample): the prompt and, per policy, response and scores."""

@@ -15,7 +15,11 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
     torchrun --standalone --nproc_per_node 2 train_ppo.py   # 2 GPUs or CPU processes share each batch
 
-Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, gold, kl, kl_coef, entropy,
+    python train_ppo.py --algo grpo --reward task          # no reward model: the task's own check
+    python train_ppo.py --task sort --sft_dir out/sort/sft --algo grpo --reward task
+    python train_ppo.py --reward my_reward.py:score       # your function(prompts, responses)
+
+Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
 minibatch_steps, t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, distinct2).
 """
@@ -41,11 +45,12 @@ from mingpt_rlhf.distributed import rank as process_rank
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, ScalarHead
-from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.model import GPTConfig
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
+from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
 from mingpt_rlhf.metrics import MetricsLog
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
@@ -58,7 +63,13 @@ class Config:
     out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl")
     sft_dir: str = opt("out/sft", "SFT output folder: actor and reference start from it")
     init_from: str = opt("", "actor and reference from GPT-2 weights instead of --sft_dir")
-    rm_dir: str = opt("out/rm", "reward model output folder: reward and critic start from it")
+    rm_dir: str = opt("out/rm", "reward model output folder (with --reward rm): the reward, and "
+                                "where the separate critic starts")
+    reward: str = opt("rm", "where the reward comes from: rm (the reward model in --rm_dir) | "
+                            "task (the built-in task's own check: reviews' gold reward, sort's "
+                            "exact match; no reward model) | FILE.py:FUNCTION or "
+                            "MODULE:FUNCTION (your function(prompts, responses) -> list of "
+                            "floats, on decoded text, one call per rollout batch)")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
     prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts (5%% held out "
                            "for eval unless --eval_prompts_file)")
@@ -78,8 +89,11 @@ class Config:
                                  "minibatch's tokens) | sequence (mean per response, then over "
                                  "responses) | budget (sum per response / --max_new_tokens) | "
                                  "auto (ppo token, grpo sequence, dr and rloo budget)")
-    critic: str = opt("separate", "ppo: separate (own trunk, from the RM) | shared (value head "
-                                  "on the actor)")
+    critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
+                              "without one) | shared (a value head on the actor, from zero) | "
+                              "auto (separate with --reward rm; shared without an RM: a second "
+                              "trunk copied from the policy knows nothing the actor's does not, "
+                              "and costs a model)")
     max_iters: int = opt(200, "PPO iterations (rollouts + update)")
     rollout_batch_size: int = opt(64, "responses per rollout batch, all processes together "
                                       "(grpo / rloo: rollout_batch_size / group_size prompts, "
@@ -181,8 +195,16 @@ def check_config(cfg: Config):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
-    if cfg.critic not in ("separate", "shared"):
-        raise UserError(f"--critic must be separate or shared, got {cfg.critic!r}")
+    if cfg.critic not in ("auto", "separate", "shared"):
+        raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
+    if cfg.critic == "auto":
+        cfg.critic = "separate" if cfg.reward == "rm" else "shared"
+    if cfg.reward not in ("rm", "task") and ":" not in cfg.reward:
+        raise UserError(f"--reward must be rm, task, FILE.py:FUNCTION or MODULE:FUNCTION, got "
+                        f"{cfg.reward!r}")
+    if cfg.reward == "task" and cfg.prompts:
+        raise UserError("--reward task is the built-in task's check, and --prompts replaces the "
+                        "task; pass your own --reward FILE.py:FUNCTION")
     if cfg.temperature <= 0:
         raise UserError(f"--temperature must be > 0 for PPO (log-probs divide by it), got {cfg.temperature}")
     if cfg.top_k < 0:
@@ -198,12 +220,17 @@ def check_config(cfg: Config):
 
 
 def load_models(cfg: Config, device, dtype):
-    rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
-    rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint", "run train_rm.py first or pass --rm_dir")
+    """(tokenizer, actor, ref, rm, critic, value_head); rm is None unless --reward rm."""
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
-    rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
-    if not rm_ckpt.get("normalised"):
-        print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
+    rm = rm_ckpt = None
+    if cfg.reward == "rm":
+        rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
+        rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint",
+                                  "run train_rm.py first, pass --rm_dir, or train on a reward "
+                                  "computed by code (--reward task or FILE.py:FUNCTION)")
+        rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
+        if not rm_ckpt.get("normalised"):
+            print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
 
     # dropout is off in every model (load_policy and below), so the first ratio is exactly 1
     actor = policy.to(device)
@@ -212,13 +239,19 @@ def load_models(cfg: Config, device, dtype):
         ref = None  # the actor with its adapters switched off: no second copy of the model
     else:
         ref = copy.deepcopy(actor).requires_grad_(False)
-    rm = rm.to(device)
+    if rm is not None:
+        rm = rm.to(device)
     critic = value_head = None
     if cfg.algo != "ppo":
         pass  # critic-free: the group is the baseline
     elif cfg.critic == "separate":
-        critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
-        critic.load_trunk_and_head(rm_ckpt["model"], rm_path)  # in normalised reward units
+        if rm is not None:
+            critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
+            critic.load_trunk_and_head(rm_ckpt["model"], rm_path)  # in normalised reward units
+        else:  # no RM: the policy's trunk (its adapters are 0 yet), a head from zero
+            critic = Critic(actor.config)
+            critic.gpt.load_state_dict(merged_state_dict(actor) if has_lora(actor)
+                                       else actor.state_dict())
         critic.gpt.set_dropout(0.0)
         if cfg.lora_rank > 0:
             add_lora(critic.gpt, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
@@ -307,8 +340,14 @@ def main(cfg: Config) -> dict:
     kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
 
-    def reward_fn(sequences, attention_mask, action_mask):
-        return rm(sequences, attention_mask)  # normalised score at the last real token
+    # the reward: the RM's normalised score at the last real token, or a check of the text
+    if cfg.reward == "rm":
+        reward_fn = ModelReward(rm, local.score_batch_size or local.minibatch_size)
+    elif cfg.reward == "task":
+        reward_fn = task_reward(task, tokenizer)
+    else:
+        reward_fn = TextReward(*load_function(cfg.reward), tokenizer)
+    score_name = "rm_score" if cfg.reward == "rm" else "reward"  # what the logs call it
 
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
@@ -376,7 +415,7 @@ def main(cfg: Config) -> dict:
         """Held-out prompts, sampled as in training, scored by RM, KL and (if any) gold."""
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
         rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
-        figures, responses, prompts = {"rm_score": 0.0, "kl": 0.0}, [], []
+        figures, responses, prompts = {score_name: 0.0, "kl": 0.0}, [], []
         # rank 0 evaluates alone, in batches of one process's share (and, inside
         # make_experience, of --generate_batch_size): the memory a training rollout needs
         batch = local.rollout_batch_size
@@ -384,7 +423,7 @@ def main(cfg: Config) -> dict:
             ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
             exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False)
             n = len(exp.scores)
-            figures["rm_score"] += stats["rm_score"] * n
+            figures[score_name] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
             responses += response_and_prompt_texts(tokenizer, exp)[0]
             prompts += eval_prompts[i:i + n]
@@ -412,6 +451,7 @@ def main(cfg: Config) -> dict:
             trainer.critic_opt.set_lr_scale(scale)
         batches = [batch_of_prompts(draw_prompts()) for _ in range(cfg.rollouts_per_update)]
         experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
+        stats[score_name] = stats.pop("rm_score")
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
@@ -425,7 +465,8 @@ def main(cfg: Config) -> dict:
                        f"starting beta), lower --kl_horizon (beta reacts faster), lower "
                        f"--actor_lr, or set --target_kl (stops an update early); or accept it "
                        f"with a larger --kl_target")
-        bar.set_postfix(rm=f"{stats['rm_score']:.2f}", gold=f"{stats.get('gold', 0):.2f}",
+        bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}"},
+                        gold=f"{stats.get('gold', 0):.2f}",
                         kl=f"{stats['kl']:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
             if is_main():
@@ -439,7 +480,7 @@ def main(cfg: Config) -> dict:
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
         print("on held-out prompts, from the SFT policy (step 0) to the PPO policy:")
-        for k in ["gold", "rm_score", "well_formed", "kl", "distinct2"]:
+        for k in ["gold", score_name, "well_formed", "kl", "distinct2"]:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
     picture_of_run(cfg.out_dir)

@@ -25,7 +25,7 @@ PANELS = {
             ("well_formed", [("well_formed", "eval")]), ("gold", [("gold", "eval")])],
     "rm": [("loss", [("loss", "train"), ("eval_loss", "eval")]),
            ("accuracy", [("acc", "train"), ("eval_acc", "eval"), ("eval_gold_acc", "eval")])],
-    "rl": [("rm_score and gold", [("rm_score", "train"), ("gold", "eval")]),
+    "rl": [("reward and gold", [("rm_score", "train"), ("reward", "train"), ("gold", "eval")]),
            ("kl (nats per response)", [("kl", "train"), ("kl", "eval")]),
            ("kl_coef", [("kl_coef", "train")]), ("entropy", [("entropy", "train")]),
            ("clipfrac, approx_kl", [("clipfrac", "train"), ("approx_kl", "train")]),

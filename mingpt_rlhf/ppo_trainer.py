@@ -59,7 +59,8 @@ class PPOTrainer:
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
         `value_head` (shared: a heads.ScalarHead on the actor's trunk, float32), not both.
         `ref=None` with a LoRA actor: the reference is the actor with its adapters off.
-        `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores.
+        `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores, called once
+        per rollout batch (rewards.py: the reward model, the task's check, a user function).
         `amp()` gives the mixed-precision context for forward passes. It must not span an
         optimizer step: autocast caches low-precision copies of the weights for as long as
         it is open, and they would go stale after the update. `dtype` is autocast's dtype
@@ -168,10 +169,11 @@ class PPOTrainer:
             with self.amp():
                 lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
                 ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)
-                raw = self.reward_fn(seqs[rows], attn[rows], action_mask[rows])
             val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
-            parts.append((lp, ent, val, ref_lp, raw.float()))
-        logprobs, entropy, values, ref_logprobs, raw = (torch.cat(x) for x in zip(*parts))
+            parts.append((lp, ent, val, ref_lp))
+        logprobs, entropy, values, ref_logprobs = (torch.cat(x) for x in zip(*parts))
+        with self.amp():  # one call per rollout batch: a reward computed by code sees all of it
+            raw = self.reward_fn(seqs, attn, action_mask).float()
         logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
         values = values * action_mask
 

@@ -24,6 +24,10 @@ pairs, whose labels a noisy Bradley-Terry "labeller" draws from the gold reward.
 
 Try it:  python -c "from mingpt_rlhf.tasks import get_task; t=get_task('reviews'); print(t.sft_examples('train')[:3])"
 
+The task "sort" (task_sort.py) has an answer a program checks, and a teacher that is wrong
+on 30 % of the problems: RL from the check itself (`train_ppo.py --reward task`) against
+imitation.
+
 Adding a task: write a class with the same methods as `ReviewsTask` (`tokenizer`,
 `sft_examples`, `preference_pairs`, `prompts`, `gold_reward`, `well_formed`) and add it to
 `TASKS` below; the training scripts find it by name.
@@ -307,10 +311,25 @@ def gold_agreement(task, pairs: list[PreferencePair]) -> float:
     return total / max(len(pairs), 1)
 
 
-TASKS = {"reviews": ReviewsTask}
+def _sort_task(**kwargs):
+    from .task_sort import SortTask  # its own file; it uses PreferencePair from here
+    return SortTask(**kwargs)
 
 
-def get_task(name: str, **kwargs) -> ReviewsTask:
+TASKS = {"reviews": ReviewsTask, "sort": _sort_task}
+
+
+def task_of_tokenizer(tokenizer):
+    """The built-in task whose vocabulary `tokenizer` is (a policy trained on it), or None."""
+    from .tokenizer import same_tokenizer
+    for name in TASKS:
+        task = get_task(name)
+        if same_tokenizer(task.tokenizer(), tokenizer):
+            return task
+    return None
+
+
+def get_task(name: str, **kwargs):
     """The built-in task called `name`, built with `kwargs` (seed, sizes, tau, ...)."""
     if name not in TASKS:
         raise UserError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")

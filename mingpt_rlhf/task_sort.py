@@ -1,0 +1,152 @@
+"""A built-in task whose answer a program can check: sort a few digits, taught by a teacher
+who is sometimes wrong.
+
+    prompt:   "sort 3 1 4 1 5 :"          response:  "1 1 3 4 5 <eos>"
+
+Why this task: it shows what RL from a verifiable reward can do that imitation cannot
+(RLHF_NOTES.md, "Rewards from code"). The demonstrations come from an imperfect teacher: on
+`teacher_error` (30 %) of the problems it swaps two neighbouring, different digits of its
+answer. SFT copies the teacher, mistakes included, so the SFT policy's sampled answers are
+wrong about as often as the teacher's. RL against the check (`train_ppo.py --task sort
+--reward task`, no reward model) rewards only exact answers and can go past the teacher.
+
+- problems: 3 to 7 digits, 0-9, repeats allowed; the held-out problems (split "eval") never
+  appear in the training split, neither as demonstrations nor as RL prompts;
+- `check` / `gold_reward`: 1.0 if the response is exactly the sorted digits followed by
+  "<eos>", else 0.0. Strict on purpose: a second answer after the first, a missing "<eos>",
+  a digit too many, all score 0 (a lenient parser is a checker that gets hacked);
+- `well_formed`: as many digits as the prompt has, then "<eos>" (the right format, right or
+  wrong);
+- `preference_pairs`: (the right answer, a teacher-style wrong one), for train_rm / train_dpo.
+
+Try it:  python -c "from mingpt_rlhf.tasks import get_task; t=get_task('sort'); print(t.sft_examples('train')[:3])"
+"""
+from __future__ import annotations
+
+import random
+
+from .errors import UserError
+from .tokenizer import EOS, WordTokenizer
+
+DIGITS = [str(d) for d in range(10)]
+VOCAB = ["sort", ":"] + DIGITS
+MIN_LEN, MAX_LEN = 3, 7
+
+
+class SortTask:
+    name = "sort"
+
+    def __init__(self, seed: int = 0, teacher_error: float = 0.3, n_sft_train: int = 20000,
+                 n_sft_eval: int = 500, n_pairs_train: int = 8000, n_pairs_eval: int = 1000,
+                 n_prompts_train: int = 2000, n_prompts_eval: int = 200, **_ignored):
+        if not 0 <= teacher_error < 1:
+            raise UserError(f"teacher_error must be in [0, 1) (got {teacher_error}); try 0.3")
+        self.seed, self.teacher_error = seed, teacher_error
+        self.sizes = {("sft", "train"): n_sft_train, ("sft", "eval"): n_sft_eval,
+                      ("pairs", "train"): n_pairs_train, ("pairs", "eval"): n_pairs_eval,
+                      ("prompts", "train"): n_prompts_train, ("prompts", "eval"): n_prompts_eval}
+        self._cache = {}
+        # the held-out problems: drawn first, from their own stream, and kept out of "train"
+        rng = random.Random(f"sort/{seed}/held_out")
+        n_eval = max(n_sft_eval, n_pairs_eval, n_prompts_eval)
+        self._held_out = []
+        while len(self._held_out) < n_eval:
+            problem = self._draw(rng)
+            if problem not in self._held_out:
+                self._held_out.append(problem)
+        self._held_out_set = set(self._held_out)
+
+    def tokenizer(self) -> WordTokenizer:
+        return WordTokenizer(VOCAB)
+
+    # ------------------------------------------------------------------------- data
+    def sft_examples(self, split: str) -> list[tuple[str, str]]:
+        """The teacher's demonstrations (prompt, response), its mistakes included."""
+        return self._data("sft", split)
+
+    def preference_pairs(self, split: str):
+        return self._data("pairs", split)
+
+    def prompts(self, split: str) -> list[str]:
+        return self._data("prompts", split)
+
+    def _data(self, kind: str, split: str) -> list:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        if (kind, split) not in self._cache:
+            from .tasks import PreferencePair
+            rng = random.Random(f"sort/{self.seed}/{kind}/{split}")
+            out = []
+            for i in range(self.sizes[kind, split]):
+                problem = self._held_out[i % len(self._held_out)] if split == "eval" \
+                    else self._draw_train(rng)
+                prompt = self.prompt_of(problem)
+                if kind == "prompts":
+                    out.append(prompt)
+                elif kind == "sft":
+                    out.append((prompt, " ".join(self._teacher(rng, problem))))
+                else:
+                    wrong = self._wrong(rng, problem)
+                    if wrong is None:  # "5 5 5": no wrong order exists; the right one is enough
+                        continue
+                    out.append(PreferencePair(prompt, chosen=" ".join(map(str, sorted(problem))),
+                                              rejected=" ".join(wrong)))
+            self._cache[kind, split] = out
+        return list(self._cache[kind, split])
+
+    @staticmethod
+    def _draw(rng: random.Random) -> tuple:
+        return tuple(rng.randrange(10) for _ in range(rng.randint(MIN_LEN, MAX_LEN)))
+
+    def _draw_train(self, rng: random.Random) -> tuple:
+        while True:
+            problem = self._draw(rng)
+            if problem not in self._held_out_set:
+                return problem
+
+    @staticmethod
+    def prompt_of(problem) -> str:
+        return "sort " + " ".join(map(str, problem)) + " :"
+
+    def _teacher(self, rng: random.Random, problem) -> list[str]:
+        """The teacher's answer: right, or on `teacher_error` of the problems, wrong."""
+        if rng.random() < self.teacher_error:
+            wrong = self._wrong(rng, problem)
+            if wrong is not None:
+                return wrong
+        return [str(d) for d in sorted(problem)]
+
+    @staticmethod
+    def _wrong(rng: random.Random, problem) -> list[str] | None:
+        """The sorted digits with two neighbouring, different digits swapped (None if all the
+        digits are equal)."""
+        answer = sorted(problem)
+        places = [i for i in range(len(answer) - 1) if answer[i] != answer[i + 1]]
+        if not places:
+            return None
+        i = rng.choice(places)
+        answer[i], answer[i + 1] = answer[i + 1], answer[i]
+        return [str(d) for d in answer]
+
+    # ------------------------------------------------------------------------- the check
+    @staticmethod
+    def _digits(prompt: str) -> list[str] | None:
+        words = prompt.split()
+        if len(words) < 3 or words[0] != "sort" or words[-1] != ":" \
+                or not all(w in DIGITS for w in words[1:-1]):
+            return None
+        return words[1:-1]
+
+    def check(self, prompt: str, response: str) -> bool:
+        """Exactly the sorted digits of the prompt, then "<eos>", and nothing else."""
+        digits = self._digits(prompt)
+        return digits is not None and response.split() == sorted(digits) + [EOS]
+
+    def gold_reward(self, prompt: str, response: str) -> float:
+        return float(self.check(prompt, response))
+
+    def well_formed(self, prompt: str, response: str) -> bool:
+        """As many digits as the prompt, then "<eos>": the format, right or wrong."""
+        digits, words = self._digits(prompt), response.split()
+        return digits is not None and len(words) == len(digits) + 1 and words[-1] == EOS \
+            and all(w in DIGITS for w in words[:-1])
