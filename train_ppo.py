@@ -479,7 +479,7 @@ def main(cfg: Config) -> dict:
     summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
-        print("on held-out prompts, from the SFT policy (step 0) to the PPO policy:")
+        print(f"on held-out prompts, from the SFT policy (step 0) to the {cfg.algo.upper()} policy:")
         for k in ["gold", score_name, "well_formed", "kl", "distinct2"]:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")

@@ -179,3 +179,38 @@ def test_get_task():
 def test_bad_tau_is_a_user_error():
     with pytest.raises(UserError, match="tau"):
         ReviewsTask(tau=0)
+
+
+# ---------------------------------------------------------------------------- the sort task
+def test_sort_check_is_strict():
+    """Exactly the sorted digits and one EOS: a checker a policy cannot game by writing two
+    answers, no EOS, an extra digit, or nothing."""
+    t = get_task("sort")
+    p = "sort 3 1 2 1 :"
+    assert t.check(p, "1 1 2 3 <eos>") and t.gold_reward(p, "1 1 2 3 <eos>") == 1.0
+    for wrong in ["1 1 2 3", "1 1 3 2 <eos>", "1 1 2 3 <eos> 1 1 2 3 <eos>", "1 1 2 3 3 <eos>",
+                  "<eos>", "", "1 2 3 <eos>", "1 1 2 3 . <eos>"]:
+        assert t.gold_reward(p, wrong) == 0.0, wrong
+    assert t.well_formed(p, "1 1 3 2 <eos>") and not t.well_formed(p, "1 1 2 <eos>")
+    assert not t.check("sort x :", "<eos>") and not t.check("1 2 :", "1 2 <eos>")
+
+
+def test_sort_teacher_is_wrong_on_its_share_and_held_out_problems_stay_out():
+    t = get_task("sort", seed=3)
+    demos = t.sft_examples("train")
+    right = sum(t.check(p, r + " <eos>") for p, r in demos) / len(demos)
+    assert abs(right - 0.7) < 0.02  # teacher_error 0.3 (all-equal lists cannot be wrong)
+    assert all(t.well_formed(p, r + " <eos>") for p, r in demos)  # wrong, never malformed
+    held_out = set(t.prompts("eval")) | {p for p, _ in t.sft_examples("eval")}
+    train = {p for p, _ in demos} | set(t.prompts("train")) | {x.prompt for x in t.preference_pairs("train")}
+    assert held_out and not held_out & train
+    pair = t.preference_pairs("train")[0]
+    assert t.check(pair.prompt, pair.chosen + " <eos>") and not t.check(pair.prompt, pair.rejected + " <eos>")
+    assert get_task("sort", teacher_error=0.0).sft_examples("train")[0][1] == \
+        " ".join(sorted(get_task("sort", teacher_error=0.0).sft_examples("train")[0][0].split()[1:-1]))
+
+
+def test_sample_and_tasks_recognise_a_policy_by_its_vocabulary():
+    from mingpt_rlhf.tasks import task_of_tokenizer
+    assert task_of_tokenizer(get_task("sort").tokenizer()).name == "sort"
+    assert task_of_tokenizer(get_task("reviews").tokenizer()).name == "reviews"
