@@ -1,0 +1,192 @@
+"""RL from rewards computed by code (issue 22), measured against imitation and against a
+learned reward.
+
+    python bench/verifiable.py                          # both parts, 3 seeds (long on a CPU)
+    python bench/verifiable.py --part sort --seeds 0    # one part, one seed
+    python bench/verifiable.py --draw_only              # redraw the picture from the JSON
+
+Part "sort" (the task with a checkable answer and a teacher wrong on 30 % of problems):
+SFT from the teacher, then GRPO, RLOO and PPO (shared critic) trained on the exact-match
+check (`--reward task`), every RL method with its script's defaults. Part "reviews": PPO and
+GRPO on the reward model (`--reward rm`) and on the gold reward itself (`--reward task`),
+from the same SFT checkpoint and RM: what learning the reward costs.
+
+Each seed trains its own SFT (and RM) with that --seed; every run's result is kept in the
+JSON as soon as it ends, and a run already there is not run again (--rerun to redo), so the
+benchmark can be continued after an interruption. For each run: accuracy (sort; the held-out
+eval's gold) or gold (reviews), well_formed, KL to the SFT policy, tokens generated in
+training, wall seconds of the run; on the sort task also pass@1 and pass@8 on the 200
+held-out problems (8 samples each at temperature 1: pass@8 is the share of problems with at
+least one exact answer), since RL can raise pass@1 while narrowing what is sampled
+(RLHF_NOTES.md). Writes bench/results/verifiable.json and verifiable.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import train_ppo  # noqa: E402
+import train_rm  # noqa: E402
+import train_sft  # noqa: E402
+from mingpt_rlhf.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.evaluate import sample_responses  # noqa: E402
+from mingpt_rlhf.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.tasks import get_task  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results", "verifiable.json")
+PARTS = {  # part: {method: train_ppo options}
+    "sort": {"grpo": dict(algo="grpo"), "rloo": dict(algo="rloo"),
+             "ppo_shared": dict(algo="ppo", critic="shared")},
+    "reviews": {"ppo_rm": dict(algo="ppo", reward="rm"), "ppo_gold": dict(algo="ppo"),
+                "grpo_rm": dict(algo="grpo", reward="rm"), "grpo_gold": dict(algo="grpo")},
+}
+
+
+def run_figures(out_dir: str, seconds: float) -> dict:
+    """Final eval figures, KL, tokens generated and seconds of a finished run."""
+    rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
+    final = rows[-1]
+    figures = {k: final[k] for k in ("gold", "well_formed", "kl", "distinct2") if k in final}
+    figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r)
+    figures["seconds"] = round(seconds, 1)
+    figures["frontier"] = [{"step": r["step"], "kl": r["kl"], "gold": r["gold"]}
+                           for r in rows if r.get("split") == "eval" and "gold" in r]
+    return figures
+
+
+@torch.no_grad()
+def pass_at(out_dir: str, task, k: int = 8, seed: int = 0) -> dict:
+    """pass@1 and pass@k on the task's held-out prompts, k samples each at temperature 1."""
+    policy, tokenizer, _ = load_policy(out_dir, flag="--ckpt_dir")
+    prompts = task.prompts("eval")
+    repeated = [p for p in prompts for _ in range(k)]
+    responses = sample_responses(policy, tokenizer, repeated, 16,
+                                 generator=torch.Generator().manual_seed(seed))
+    right = [task.check(p, r) for p, r in zip(repeated, responses)]
+    per_prompt = [any(right[i * k:(i + 1) * k]) for i in range(len(prompts))]
+    return {"pass@1": sum(right) / len(right), f"pass@{k}": sum(per_prompt) / len(prompts)}
+
+
+def timed(fn, cfg) -> float:
+    start = time.time()
+    fn(cfg)
+    return time.time() - start
+
+
+def load() -> dict:
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            return json.load(f)
+    return {"runs": {}}
+
+
+def save(result: dict) -> None:
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    tmp = RESULTS + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, RESULTS)
+
+
+def summarise(result: dict) -> None:
+    """Per (part, method): mean and range over seeds of each figure."""
+    summary = {}
+    for key, run in result["runs"].items():
+        part, method, _ = key.split("/")
+        summary.setdefault(f"{part}/{method}", []).append(run)
+    result["summary"] = {}
+    for name, runs in sorted(summary.items()):
+        figures = {}
+        for k in ("gold", "well_formed", "kl", "gen_tokens", "seconds", "pass@1", "pass@8"):
+            values = [r[k] for r in runs if k in r]
+            if values:
+                figures[k] = {"mean": sum(values) / len(values), "min": min(values),
+                              "max": max(values)}
+        figures["seeds"] = len(runs)
+        result["summary"][name] = figures
+
+
+def draw(result: dict, png: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, part, ylabel in ((axes[0], "sort", "held-out accuracy (exact match)"),
+                             (axes[1], "reviews", "gold reward")):
+        for key, run in sorted(result["runs"].items()):
+            p, method, seed = key.split("/")
+            if p != part or method == "sft" or not run.get("frontier"):
+                continue
+            xs, ys = [e["kl"] for e in run["frontier"]], [e["gold"] for e in run["frontier"]]
+            ax.plot(xs, ys, marker=".", alpha=0.7, label=f"{method} seed {seed}")
+        ax.set_xlabel("KL to the SFT policy (nats per response)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(part, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=list(PARTS), nargs="*", default=list(PARTS))
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--root", default=os.path.join(ROOT, "out", "bench_verifiable"))
+    ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has")
+    ap.add_argument("--draw_only", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
+    result = load()
+    png = os.path.join(ROOT, "bench", "results", "verifiable.png")
+    if not args.draw_only:
+        for seed in args.seeds:
+            for part in args.part:
+                root = os.path.join(args.root, f"{part}_seed{seed}")
+                task = get_task(part, seed=seed)
+                sft_dir = os.path.join(root, "sft")
+                key = f"{part}/sft/{seed}"
+                if args.rerun or key not in result["runs"]:
+                    seconds = timed(train_sft.main, train_sft.Config(out_dir=sft_dir, task=part, seed=seed))
+                    run = run_figures(sft_dir, seconds)
+                    if part == "sort":
+                        run.update(pass_at(sft_dir, task, seed=seed))
+                    result["runs"][key] = run
+                    save(result)
+                if part == "reviews" and not os.path.exists(os.path.join(root, "rm", "ckpt.pt")):
+                    train_rm.main(train_rm.Config(out_dir=os.path.join(root, "rm"), sft_dir=sft_dir,
+                                                  seed=seed))
+                for method, options in PARTS[part].items():
+                    key = f"{part}/{method}/{seed}"
+                    if key in result["runs"] and not args.rerun:
+                        continue
+                    out_dir = os.path.join(root, method)
+                    options = {"reward": "task", **options}
+                    cfg = train_ppo.Config(out_dir=out_dir, sft_dir=sft_dir, task=part, seed=seed,
+                                           rm_dir=os.path.join(root, "rm"), **options)
+                    run = run_figures(out_dir, timed(train_ppo.main, cfg))
+                    if part == "sort":
+                        run.update(pass_at(out_dir, task, seed=seed))
+                    result["runs"][key] = run
+                    save(result)
+                    print(json.dumps({key: {k: v for k, v in run.items() if k != "frontier"}}))
+        summarise(result)
+        save(result)
+    try:
+        draw(result, png)
+    except ImportError:
+        print("matplotlib is not installed: no picture")
+    for name, figures in result.get("summary", {}).items():
+        print(name, {k: (round(v["mean"], 3) if isinstance(v, dict) else v) for k, v in figures.items()})
+
+
+if __name__ == "__main__":
+    main()
