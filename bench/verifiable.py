@@ -58,7 +58,7 @@ def run_figures(out_dir: str, seconds: float) -> dict:
     figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r)
     figures["seconds"] = round(seconds, 1)
     figures["frontier"] = [{"step": r["step"], "kl": r["kl"], "gold": r["gold"]}
-                           for r in rows if r.get("split") == "eval" and "gold" in r]
+                           for r in rows if r.get("split") == "eval" and "gold" in r and "kl" in r]
     return figures
 
 
