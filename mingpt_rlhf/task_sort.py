@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 
 from .errors import UserError
+from .tasks import BuiltinTask, PreferencePair
 from .tokenizer import EOS, WordTokenizer
 
 DIGITS = [str(d) for d in range(10)]
@@ -33,7 +34,7 @@ VOCAB = ["sort", ":"] + DIGITS
 MIN_LEN, MAX_LEN = 3, 7
 
 
-class SortTask:
+class SortTask(BuiltinTask):
     name = "sort"
 
     def __init__(self, seed: int = 0, teacher_error: float = 0.3, n_sft_train: int = 20000,
@@ -60,39 +61,25 @@ class SortTask:
         return WordTokenizer(VOCAB)
 
     # ------------------------------------------------------------------------- data
-    def sft_examples(self, split: str) -> list[tuple[str, str]]:
-        """The teacher's demonstrations (prompt, response), its mistakes included."""
-        return self._data("sft", split)
-
-    def preference_pairs(self, split: str):
-        return self._data("pairs", split)
-
-    def prompts(self, split: str) -> list[str]:
-        return self._data("prompts", split)
-
-    def _data(self, kind: str, split: str) -> list:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if (kind, split) not in self._cache:
-            from .tasks import PreferencePair
-            rng = random.Random(f"sort/{self.seed}/{kind}/{split}")
-            out = []
-            for i in range(self.sizes[kind, split]):
-                problem = self._held_out[i % len(self._held_out)] if split == "eval" \
-                    else self._draw_train(rng)
-                prompt = self.prompt_of(problem)
-                if kind == "prompts":
-                    out.append(prompt)
-                elif kind == "sft":
-                    out.append((prompt, " ".join(self._teacher(rng, problem))))
-                else:
-                    wrong = self._wrong(rng, problem)
-                    if wrong is None:  # "5 5 5": no wrong order exists; the right one is enough
-                        continue
-                    out.append(PreferencePair(prompt, chosen=" ".join(map(str, sorted(problem))),
-                                              rejected=" ".join(wrong)))
-            self._cache[kind, split] = out
-        return list(self._cache[kind, split])
+    def _draw_data(self, kind: str, split: str, rng: random.Random) -> list:
+        """Demonstrations are the teacher's answers, its mistakes included; pairs are (the
+        right answer, a teacher-style wrong one); "eval" draws from the held-out problems."""
+        out = []
+        for i in range(self.sizes[kind, split]):
+            problem = self._held_out[i % len(self._held_out)] if split == "eval" \
+                else self._draw_train(rng)
+            prompt = self.prompt_of(problem)
+            if kind == "prompts":
+                out.append(prompt)
+            elif kind == "sft":
+                out.append((prompt, " ".join(self._teacher(rng, problem))))
+            else:
+                wrong = self._wrong(rng, problem)
+                if wrong is None:  # "5 5 5": no wrong order exists; the right one is enough
+                    continue
+                out.append(PreferencePair(prompt, chosen=" ".join(map(str, sorted(problem))),
+                                          rejected=" ".join(wrong)))
+        return out
 
     @staticmethod
     def _draw(rng: random.Random) -> tuple:

@@ -189,7 +189,36 @@ def _parse(words: list) -> list | None:
         return scores if words[i:] == [STOP] else None
 
 
-class ReviewsTask:
+class BuiltinTask:
+    """What every built-in task shares: three kinds of data (SFT demonstrations "sft",
+    preference pairs "pairs", RL prompts "prompts") in two splits ("train", "eval"), each
+    drawn once by the task's `_draw_data(kind, split, rng)` and cached. A string seed names
+    one stream per (task, seed, kind, split): train and eval never share draws, and seed 1
+    "train" is not seed 0 "eval" as it is with seed + offset. random.Random hashes a str seed
+    with sha512, so it is the same in every process."""
+
+    name = ""
+
+    def sft_examples(self, split: str) -> list[tuple[str, str]]:
+        """Demonstrations (prompt, response) for split "train" or "eval"."""
+        return self._data("sft", split)
+
+    def preference_pairs(self, split: str) -> list[PreferencePair]:
+        return self._data("pairs", split)
+
+    def prompts(self, split: str) -> list[str]:
+        return self._data("prompts", split)
+
+    def _data(self, kind: str, split: str) -> list:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        if (kind, split) not in self._cache:
+            rng = random.Random(f"{self.name}/{self.seed}/{kind}/{split}")
+            self._cache[kind, split] = self._draw_data(kind, split, rng)
+        return list(self._cache[kind, split])  # a copy, so a caller's shuffle cannot leak
+
+
+class ReviewsTask(BuiltinTask):
     """Synthetic movie reviews with a hidden gold reward; see the module docstring.
 
     `tau` is the labeller's temperature: P(a preferred to b) = sigmoid((gold_a - gold_b) / tau).
@@ -222,28 +251,10 @@ class ReviewsTask:
         return WordTokenizer(VOCAB)
 
     # ------------------------------------------------------------------------- data
-    def sft_examples(self, split: str) -> list[tuple[str, str]]:
-        """Demonstrations (prompt, response) for split "train" or "eval"."""
-        return self._data("sft", split)
-
-    def preference_pairs(self, split: str) -> list[PreferencePair]:
-        return self._data("pairs", split)
-
-    def prompts(self, split: str) -> list[str]:
-        return self._data("prompts", split)
-
-    def _data(self, kind: str, split: str) -> list:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if (kind, split) not in self._cache:
-            # A string seed names one stream per (seed, kind, split): train and eval never
-            # share draws, and seed 1 "train" is not seed 0 "eval" as it is with seed + offset.
-            # random.Random hashes a str seed with sha512, so it is the same in every process.
-            rng = random.Random(f"reviews/{self.seed}/{kind}/{split}")
-            make = {"sft": self._sft_example, "pairs": self._pair,
-                    "prompts": lambda rng: self._sft_example(rng)[0]}[kind]
-            self._cache[kind, split] = [make(rng) for _ in range(self.sizes[kind, split])]
-        return list(self._cache[kind, split])  # a copy, so a caller's shuffle cannot leak
+    def _draw_data(self, kind: str, split: str, rng: random.Random) -> list:
+        make = {"sft": self._sft_example, "pairs": self._pair,
+                "prompts": lambda rng: self._sft_example(rng)[0]}[kind]
+        return [make(rng) for _ in range(self.sizes[kind, split])]
 
     def _sft_example(self, rng: random.Random) -> tuple[str, str]:
         review = _sample_review(rng, rng.randint(1, MAX_DEMO_CLAUSES))
@@ -312,7 +323,7 @@ def gold_agreement(task, pairs: list[PreferencePair]) -> float:
 
 
 def _sort_task(**kwargs):
-    from .task_sort import SortTask  # its own file; it uses PreferencePair from here
+    from .task_sort import SortTask  # its own file; it builds on BuiltinTask from here
     return SortTask(**kwargs)
 
 
