@@ -98,9 +98,12 @@ def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_pa
     torchrun("ppo_probe", tmp_path, "train_ppo", *options(
         out_dir=tmp_path / "ppo", sft_dir=root / "sft", rm_dir=root / "rm", target_kl=1e-3, **PPO))
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
-    for r in ranks:  # dropout off, same weights: the first minibatch's policy is the sampler
-        assert r["first_minibatch"]["max_ratio_error"] == 0.0
-        assert r["first_minibatch"]["approx_kl"] == 0.0
+    # dropout off, same weights: the first minibatch's policy is the sampler. Equal up to
+    # float32 rounding, not bit for bit: scoring ran on another number of rows than the
+    # minibatch, and on some CPUs (AVX-512 here) the matmul then blocks its sums differently
+    for r in ranks:
+        assert r["first_minibatch"]["max_ratio_error"] < 1e-5
+        assert r["first_minibatch"]["approx_kl"] < 1e-9
     # whitening over both ranks' rollouts equals whitening their concatenation in one process
     for a, b in zip(ranks[0]["whiten"], ranks[1]["whiten"]):
         x = torch.tensor(a["x"] + b["x"])
