@@ -19,7 +19,6 @@ out_dir/metrics.jsonl.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import asdict, dataclass
 
 import torch
@@ -81,6 +80,9 @@ class Config:
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
     lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+    compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
+                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
+                               "(README); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -117,8 +119,10 @@ def main(cfg: Config) -> dict:
         add_lora(policy, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
         ref = None  # the policy with its adapters switched off
     else:
-        ref = copy.deepcopy(policy).requires_grad_(False)
+        ref = load_policy(cfg.sft_dir, frozen=True)[0].to(device)  # pages of the SFT checkpoint
     policy.grad_checkpoint = cfg.grad_checkpoint
+    if cfg.compile:
+        policy.compile_blocks()
     for model in (policy, ref):
         if model is not None:
             hold_frozen_in(model, dtype)

@@ -25,7 +25,6 @@ minibatch_steps, t_generate, t_score, t_learn; eval lines with gold, rm_score, w
 """
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import asdict, dataclass, replace
@@ -46,7 +45,7 @@ from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
-from mingpt_rlhf.model import GPTConfig
+from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer
@@ -153,6 +152,9 @@ class Config:
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
     lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+    compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
+                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
+                               "(README); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -227,7 +229,7 @@ def load_models(cfg: Config, device, dtype):
         rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
         rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint",
                                   "run train_rm.py first, pass --rm_dir, or train on a reward "
-                                  "computed by code (--reward task or FILE.py:FUNCTION)")
+                                  "computed by code (--reward task or FILE.py:FUNCTION)", mmap=True)
         rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
         if not rm_ckpt.get("normalised"):
             print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
@@ -237,8 +239,8 @@ def load_models(cfg: Config, device, dtype):
     if cfg.lora_rank > 0:
         add_lora(actor, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
         ref = None  # the actor with its adapters switched off: no second copy of the model
-    else:
-        ref = copy.deepcopy(actor).requires_grad_(False)
+    else:  # read again, frozen: pages of the SFT checkpoint rather than a copy of the actor
+        ref = load_policy(cfg.sft_dir, cfg.init_from, frozen=True)[0].to(device)
     if rm is not None:
         rm = rm.to(device)
     critic = value_head = None
@@ -246,7 +248,7 @@ def load_models(cfg: Config, device, dtype):
         pass  # critic-free: the group is the baseline
     elif cfg.critic == "separate":
         if rm is not None:
-            critic = Critic(GPTConfig(**rm_ckpt["model_config"]))
+            critic = build_empty(lambda: Critic(GPTConfig(**rm_ckpt["model_config"])))
             critic.load_trunk_and_head(rm_ckpt["model"], rm_path)  # in normalised reward units
         else:  # no RM: the policy's trunk (its adapters are 0 yet), a head from zero
             critic = Critic(actor.config)
@@ -263,6 +265,10 @@ def load_models(cfg: Config, device, dtype):
         torch.nn.init.zeros_(value_head.weight)
         torch.nn.init.zeros_(value_head.bias)
     actor.grad_checkpoint = cfg.grad_checkpoint
+    if cfg.compile:
+        actor.compile_blocks()
+        if critic is not None:
+            critic.gpt.compile_blocks()
     # frozen weights (reference, reward model, LoRA bases) in the autocast dtype: less memory,
     # the same numbers (runtime.hold_frozen_in)
     for model in (actor, ref, rm, critic):

@@ -79,6 +79,9 @@ class Config:
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
     lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+    compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
+                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
+                               "(README); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -176,6 +179,8 @@ def main(cfg: Config) -> dict:
         add_lora(model.gpt, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
     model.gpt.set_dropout(cfg.dropout)
     model.gpt.grad_checkpoint = cfg.grad_checkpoint
+    if cfg.compile:
+        model.gpt.compile_blocks()
     hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
     if resumed:  # into the model as the first run held it when it saved
         load_resume_state(model, resumed["resume"], ckpt_path)

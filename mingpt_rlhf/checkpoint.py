@@ -50,14 +50,22 @@ def save_checkpoint(path: str, state: dict) -> None:
                         f"pass another --out_dir (the previous checkpoint, if any, is intact)") from None
 
 
-def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "") -> dict:
-    """Load a checkpoint dict to CPU. Missing or unreadable -> UserError naming the fix."""
+def load_checkpoint(path: str, what: str = "checkpoint", hint: str = "", mmap: bool = False) -> dict:
+    """Load a checkpoint dict to CPU. Missing or unreadable -> UserError naming the fix.
+
+    `mmap=True` maps the file instead of reading it: a tensor's bytes are read from disk when
+    it is used, so a later stage that needs the weights never reads the optimizer state saved
+    beside them (twice the weights again). Used for the checkpoints of earlier stages, which
+    this run does not rewrite; a run's own checkpoint (--resume) is read whole, because it
+    is replaced while the run goes on."""
     if not os.path.isfile(path):
         raise UserError(f"no {what} at {path}" + (f"; {hint}" if hint else ""))
     try:
         # our checkpoints hold plain containers, tensors and numpy RNG state
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as e:  # truncated file, not a torch file, ...
+        if mmap:  # a file torch cannot map (the old, non-zip format): read it whole
+            return load_checkpoint(path, what, hint)
         raise UserError(f"cannot read {what} {path} ({type(e).__name__}: {e}); "
                         f"delete it and train again") from None
 
@@ -76,9 +84,12 @@ def resume_checkpoint(out_dir: str, resume: bool, stage: str):
     return path, ckpt
 
 
-def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str) -> None:
+def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str,
+                            assign: bool = False) -> None:
     """`module.load_state_dict`, but a mismatch names the first tensor that does not fit.
-    A GPT state dict from before the vocabulary was padded gets its padded rows."""
+    A GPT state dict from before the vocabulary was padded gets its padded rows.
+    `assign=True` makes the loaded tensors the module's own, with no copy: for a frozen
+    model loaded from a memory-mapped checkpoint, its weights stay pages of the file."""
     from .model import pad_vocab_rows
     if getattr(module, "config", None) is not None:
         state_dict = pad_vocab_rows(state_dict, module.config)
@@ -95,7 +106,15 @@ def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: st
     if extra:
         raise UserError(f"{where} has tensors the model lacks, e.g. {extra[0]!r}: "
                         f"it was written for another model")
-    module.load_state_dict(state_dict)
+    if assign:  # the module's dtypes stay (a copying load would cast to them too)
+        state_dict = {k: v if v.dtype == own[k].dtype else v.to(own[k].dtype)
+                      for k, v in state_dict.items()}
+    module.load_state_dict(state_dict, assign=assign)
+    if assign:  # each key got its own tensor object: tie GPT's output layer again
+        from .model import GPT
+        for m in module.modules():
+            if isinstance(m, GPT):
+                m.lm_head.weight = m.transformer.wte.weight
 
 
 def weights_for_later_stages(module: torch.nn.Module) -> dict:
@@ -223,7 +242,7 @@ def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = 
     checkpoint already loaded from `path`. Another stage's checkpoint is refused, and so is a
     reward model whose tokenizer differs from `tokenizer` (the policy's, from `policy_from`)."""
     from .heads import RewardModel
-    from .model import GPTConfig
+    from .model import GPTConfig, build_empty
     from .tokenizer import same_tokenizer, tokenizer_from_state
     if ckpt.get("stage") != "rm":
         raise UserError(f"{path} is not a reward model (it holds "
@@ -231,8 +250,9 @@ def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = 
     if tokenizer is not None and not same_tokenizer(tokenizer, tokenizer_from_state(ckpt["tokenizer"])):
         raise UserError(f"the reward model in {path} uses another tokenizer than the policy from "
                         f"{policy_from}; train the RM from the same SFT checkpoint (--sft_dir)")
-    rm = RewardModel(GPTConfig(**ckpt["model_config"]))
-    load_state_dict_checked(rm, ckpt["model"], path)
+    rm = build_empty(lambda: RewardModel(GPTConfig(**ckpt["model_config"])))
+    # frozen: the weights are the checkpoint's own tensors (pages of the file when mapped)
+    load_state_dict_checked(rm, ckpt["model"], path, assign=True)
     rm.gpt.set_dropout(0.0)
     return rm.eval().requires_grad_(False)
 
@@ -241,17 +261,19 @@ def load_reward_model(rm_dir: str, tokenizer=None, policy_from: str = ""):
     """`reward_model_from` the checkpoint in `rm_dir`."""
     path = os.path.join(rm_dir, "ckpt.pt")
     return reward_model_from(load_checkpoint(path, "reward model checkpoint",
-                                             "run train_rm.py first or pass --rm_dir"), path,
-                             tokenizer, policy_from)
+                                             "run train_rm.py first or pass --rm_dir", mmap=True),
+                             path, tokenizer, policy_from)
 
 
-def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir"):
+def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir", frozen: bool = False):
     """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
     or GPT-2 weights when `init_from` names a model or folder (skipping SFT).
 
     Returns (GPT in eval mode with dropout off, tokenizer, origin), where origin records where
-    the weights came from (saved in the next checkpoint)."""
-    from .model import GPT, GPTConfig
+    the weights came from (saved in the next checkpoint). Only the weights are read from the
+    checkpoint (it is memory-mapped; its optimizer state stays on disk). `frozen=True` (a
+    reference model, no gradients) keeps them as pages of the file instead of copying them."""
+    from .model import GPT, GPTConfig, build_empty
     from .tokenizer import BPETokenizer, tokenizer_from_state
     if init_from:
         tokenizer = BPETokenizer.from_pretrained(init_from)
@@ -259,15 +281,20 @@ def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir"):
         origin = {"init_from": init_from}
     else:
         path = os.path.join(sft_dir, "ckpt.pt")
-        sft = (load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir")
+        sft = (load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir",
+                               mmap=True)
                if flag == "--sft_dir" else
-               load_checkpoint(path, "checkpoint", f"pass {flag} the folder of a trained policy"))
+               load_checkpoint(path, "checkpoint", f"pass {flag} the folder of a trained policy",
+                               mmap=True))
         if sft.get("stage") == "rm":
             raise UserError(f"{path} is a reward model, not a policy: pass the folder of an SFT, "
                             f"PPO, GRPO, RLOO or DPO run")
         tokenizer = tokenizer_from_state(sft["tokenizer"])
-        model = GPT(GPTConfig(**sft["model_config"]))
-        load_state_dict_checked(model, sft["model"], path)
+        model = build_empty(lambda: GPT(GPTConfig(**sft["model_config"])))
+        load_state_dict_checked(model, sft["model"], path, assign=frozen)
         origin = {"path": os.path.abspath(path), "step": sft["step"]}
+        del sft  # the rest of the checkpoint (optimizer state, ...) is never read
     model.set_dropout(0.0)
+    if frozen:
+        model.requires_grad_(False)
     return model.eval(), tokenizer, origin

@@ -40,9 +40,13 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, with_entropy: boo
     return taken, -(logp.exp() * logp).sum(-1)
 
 
-def _chunk(model, hidden, tokens, temperature, suppress, entropy):
-    """(rows,) log-probs and entropies (or None) of one chunk of (rows, C) hidden states."""
-    logits = model.logits(hidden) / temperature  # (rows, V) float32
+def tempered_logprobs(logits, tokens, temperature: float = 1.0, suppress: int | None = None,
+                      entropy: str | None = None):
+    """log p(tokens) (rows,) under softmax(logits / temperature) with `suppress` (PAD) given
+    probability 0, and the entropy (rows,) of that distribution or None. logits: (rows, V)
+    float32. The one place this arithmetic is written: the sampler (for the log-probs of the
+    tokens it draws) and the scoring passes below must compute the same numbers."""
+    logits = logits / temperature  # (rows, V)
     if suppress is not None:
         # the id the policy never writes (PAD): probability exactly 0, as when sampling. The
         # most negative float, not -inf, keeps p * log p = 0 * finite = 0 in the entropy.
@@ -54,6 +58,11 @@ def _chunk(model, hidden, tokens, temperature, suppress, entropy):
     with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
         ent = -(logp.exp() * logp).sum(-1)
     return taken, ent
+
+
+def _chunk(model, hidden, tokens, temperature, suppress, entropy):
+    """(rows,) log-probs and entropies (or None) of one chunk of (rows, C) hidden states."""
+    return tempered_logprobs(model.logits(hidden), tokens, temperature, suppress, entropy)
 
 
 def lm_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
@@ -93,12 +102,28 @@ def sequence_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tens
     return lm_logprobs(model, hidden, sequences[:, start:], **kwargs)
 
 
-def lm_loss(model, inputs: torch.Tensor, targets: torch.Tensor, suppress: int | None = None,
-            reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy (SFT, ptx, eval loss) from (B, T) inputs and targets, where
-    targets[b, t] is the token at t + 1 or IGNORE (-100). The output layer is applied to the
-    positions with a target only. reduction: "mean" over targets, or "sum"."""
-    hidden = model.trunk(inputs)              # right padding needs no mask: causal attention
+def input_mask(targets: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the real inputs of a right-padded LM batch, each row up to its last target
+    (what comes after is padding; the trunk skips it, packing.py)."""
+    T = targets.size(1)
+    positions = torch.arange(T, device=targets.device)
+    last = ((targets >= 0).long() * positions).argmax(-1, keepdim=True)  # (B, 1)
+    return positions <= last
+
+
+def lm_loss_of_hidden(model, hidden: torch.Tensor, targets: torch.Tensor,
+                      suppress: int | None = None, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy from the trunk's (B, T, C) hidden states of an LM batch (see
+    `lm_loss`). The output layer is applied to the positions with a target only."""
     keep = targets >= 0                       # (B, T) positions that predict a real target
     logp, _ = lm_logprobs(model, hidden[keep], targets[keep], suppress=suppress)  # (M,)
     return -(logp.mean() if reduction == "mean" else logp.sum())
+
+
+def lm_loss(model, inputs: torch.Tensor, targets: torch.Tensor, suppress: int | None = None,
+            reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy (SFT, ptx, eval loss) from (B, T) inputs and targets, where
+    targets[b, t] is the token at t + 1 or IGNORE (-100). reduction: "mean" over targets, or
+    "sum"."""
+    hidden = model.trunk(inputs, input_mask(targets))  # (B, T, C)
+    return lm_loss_of_hidden(model, hidden, targets, suppress, reduction)

@@ -40,12 +40,12 @@ import torch.nn.functional as F
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
 from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
-from .logprobs import lm_logprobs, lm_loss
+from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
                   masked_mean, masked_whiten, policy_loss, reduce_tokens, value_loss)
-from .sampling import generate
+from .sampling import GenerationOutput, generate
 
 
 def trainable(module) -> list:
@@ -86,6 +86,9 @@ class PPOTrainer:
                                        "weight_decay": 0.0}], dtype, device, cfg.grad_clip)
                            if critic is not None else None)
         self.buffer = ReplayBuffer(pad_id)
+        # in float32 the sampler's log-probs are the scoring pass's to rounding, so that pass
+        # is skipped; under autocast they differ by low-precision noise (module docstring)
+        self.reuse_sampler_logprobs = dtype == torch.float32
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
         self.kl_in = cfg.kl_in
         self.reduction = cfg.reduction if cfg.reduction != "auto" else {
@@ -94,13 +97,32 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
-                          with_values: bool = True):
+                          with_values: bool = True, ptx=None):
         """Log-probs (B, N) of the response tokens under the actor, their entropy (or None)
         and the values (B, N) (None when `with_values` is False and the critic is separate).
 
         Column i scores the i-th response token, so it comes from position T - 1 + i: the
-        hidden state (and the value) *before* the token was chosen."""
-        hidden = self.actor.trunk(sequences, attention_mask)[:, T - 1:-1]  # (B, N, C)
+        hidden state (and the value) *before* the token was chosen.
+
+        `ptx` = (inputs, targets), a right-padded batch of demonstrations: it rides in the same
+        trunk pass as the sequences (one forward and one backward instead of two; the trunk
+        skips the padding of both) and its LM loss is returned fourth."""
+        rows, S = sequences.shape
+        if ptx is None:
+            hidden = self.actor.trunk(sequences, attention_mask)
+        else:
+            inputs, targets = ptx
+            width = max(S, inputs.size(1))
+
+            def right(x, fill=0):  # (B, w) -> (B, width)
+                return F.pad(x, (0, width - x.size(1)), value=fill)
+            hidden = self.actor.trunk(
+                torch.cat([right(sequences, self.pad_id), right(inputs, self.pad_id)]),
+                torch.cat([right(attention_mask), right(input_mask(targets).long())]))
+            ptx_loss = lm_loss_of_hidden(self.actor, hidden[rows:, :inputs.size(1)], targets,
+                                         self.suppress)
+            hidden = hidden[:rows, :S]
+        hidden = hidden[:, T - 1:-1]                                     # (B, N, C)
         logprobs, ent = lm_logprobs(self.actor, hidden, sequences[:, T:], self.cfg.temperature,
                                     self.suppress, entropy)
         if self.value_head is not None:
@@ -108,7 +130,7 @@ class PPOTrainer:
         else:
             values = (self.critic_values(sequences, attention_mask, T)
                       if with_values and self.critic is not None else None)
-        return logprobs, ent, values
+        return (logprobs, ent, values) if ptx is None else (logprobs, ent, values, ptx_loss)
 
     def critic_values(self, sequences, attention_mask, T: int):
         """(B, N) values of the separate critic at the positions before each response token."""
@@ -122,11 +144,12 @@ class PPOTrainer:
             return lm_logprobs(model, hidden, sequences[:, T:], self.cfg.temperature,
                                self.suppress)[0]
 
-    def sample(self, prompt_ids, prompt_mask, generator=None):
-        """Responses to a batch of prompts: (sequences, attention_mask, action_mask), each
-        (B, T + N). With `cfg.generate_batch_size` set, `generate` runs on that many rows at a
-        time (its KV cache is the largest tensor of the rollout: layers x 2 x rows x length x
-        width) and the slices are right-padded to the longest response."""
+    def sample(self, prompt_ids, prompt_mask, generator=None, score: bool = False) -> GenerationOutput:
+        """Responses to a batch of prompts (sequences and masks (B, T + N); with `score`, the
+        sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`
+        set, `generate` runs on that many rows at a time (its KV cache is the largest tensor
+        of the rollout: layers x 2 x rows x length x width) and the slices are right-padded
+        to the longest response."""
         cfg = self.cfg
         step = cfg.generate_batch_size or len(prompt_ids)
         outs = []
@@ -137,14 +160,22 @@ class PPOTrainer:
                                      top_k=cfg.top_k or None,
                                      top_p=cfg.top_p if cfg.top_p < 1 else None,
                                      eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                                     generator=generator))
-        width = max(o.sequences.size(1) for o in outs)
+                                     generator=generator, score=score))
+        if len(outs) == 1:
+            return outs[0]
+        new = max(o.sequences.size(1) for o in outs) - prompt_ids.size(1)
 
-        def cat(name, fill):
-            return torch.cat([F.pad(getattr(o, name), (0, width - o.sequences.size(1)), value=fill)
-                              for o in outs])
+        def cat(name, fill=0):  # right-pad each slice's response columns to `new`
+            parts = [getattr(o, name) for o in outs]
+            if parts[0] is None:
+                return None
+            short = [new - o.sequences.size(1) + o.prompt_len for o in outs]
+            # (B, T + n) and (B, n) pad their last dim, (B, n, C) its middle one
+            return torch.cat([F.pad(x, (0, 0, 0, k) if x.dim() == 3 else (0, k), value=fill)
+                              for x, k in zip(parts, short)])
         pad = self.pad_id if self.pad_id is not None else 0
-        return cat("sequences", pad), cat("attention_mask", 0), cat("action_mask", 0)
+        return GenerationOutput(cat("sequences", pad), cat("attention_mask"), cat("action_mask"),
+                                prompt_ids.size(1), cat("logprobs"), cat("entropy"), cat("hidden"))
 
     @torch.no_grad()
     def make_experience(self, prompt_ids, prompt_mask, generator=None,
@@ -154,11 +185,12 @@ class PPOTrainer:
         batch (`for_update=False`) need not, and gets no advantages."""
         cfg = self.cfg
         t0 = time.time()
-        seqs, attn, action_mask = self.sample(prompt_ids, prompt_mask, generator)
+        out = self.sample(prompt_ids, prompt_mask, generator, score=self.reuse_sampler_logprobs)
+        seqs, attn = out.sequences, out.attention_mask
         t1 = time.time()
         T = prompt_ids.size(1)
         responses = seqs[:, T:]                                         # (B, N)
-        action_mask = action_mask[:, T:].float()                        # (B, N)
+        action_mask = out.action_mask[:, T:].float()                    # (B, N)
 
         # score in slices of score_batch_size rows (default: minibatch_size): the activations
         # of a whole rollout batch of long sequences would set the peak memory of the iteration
@@ -167,7 +199,13 @@ class PPOTrainer:
         for i in range(0, len(seqs), rows_per_pass):
             rows = slice(i, i + rows_per_pass)
             with self.amp():
-                lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
+                if out.logprobs is not None:  # the sampler's own (see the module docstring)
+                    lp, ent = out.logprobs[rows], out.entropy[rows]
+                    val = (self.value_head(out.hidden[rows]).squeeze(-1) if self.value_head is not None
+                           else self.critic_values(seqs[rows], attn[rows], T) if self.critic is not None
+                           else None)
+                else:
+                    lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
                 ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)
             val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
             parts.append((lp, ent, val, ref_lp))
@@ -229,17 +267,13 @@ class PPOTrainer:
         return group_advantages(rewards, k, normalise_std=self.cfg.grpo_norm == "grpo")
 
     # ------------------------------------------------------------------ learning
-    def ptx_loss(self, generator=None):
-        """Language-model loss on a batch of demonstrations (InstructGPT's PPO-ptx). The batch
-        is drawn with `generator`, a CPU generator."""
+    def ptx_batch(self, generator=None):
+        """A batch of demonstrations for InstructGPT's PPO-ptx loss: (inputs, targets) on the
+        model's device, drawn with `generator`, a CPU generator."""
         idx = torch.randint(len(self.ptx_data), (self.cfg.minibatch_size,), generator=generator)
         inputs, targets = self.ptx_data.batch(idx.tolist())
         device = next(self.actor.parameters()).device
-        with self.amp():
-            loss = lm_loss(self.actor, inputs.to(device), targets.to(device), self.suppress)
-        if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
-            loss = loss * token_share(targets >= 0)
-        return loss
+        return inputs.to(device), targets.to(device)
 
     def learn(self, generator=None) -> dict:
         """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
@@ -252,12 +286,13 @@ class PPOTrainer:
         stopped = False
         for epoch in range(cfg.ppo_epochs):
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator):
-                # each backward runs as soon as its loss exists, so at most one graph of
-                # activations (actor, ptx batch or critic) is alive at a time
+                # the policy's minibatch and the ptx batch share one forward and one backward;
+                # the critic's graph comes after that backward, so the two never coexist
+                ptx = self.ptx_batch(generator) if use_ptx else None
                 with self.amp():
-                    logprobs, entropy, values = self.policy_and_values(
+                    logprobs, entropy, values, *ptx_loss = self.policy_and_values(
                         mb.sequences, mb.attention_mask, mb.prompt_len, entropy_mode,
-                        with_values=False)
+                        with_values=False, ptx=ptx)
                 # past EOS the response is PAD, whose log-prob is the most negative float:
                 # keep it out of every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
                 logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
@@ -285,10 +320,13 @@ class PPOTrainer:
                                          cfg.clip_range_value, tokens)
                     actor_loss = actor_loss + cfg.vf_coef * vf_loss
                     figures["vf_loss"] = vf_loss
-                # ptx: the gradients of the LM loss on demonstrations add to the policy's; its
-                # forward runs after the policy's backward, so the two graphs never coexist
-                ptx_term = (lambda: cfg.ptx_coef * self.ptx_loss(generator)) if use_ptx else None
-                ptx = self._step(self.actor_opt, actor_loss, ptx_term)
+                if ptx_loss:  # InstructGPT's PPO-ptx: the LM loss on demonstrations
+                    ptx_loss = ptx_loss[0]
+                    if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
+                        ptx_loss = ptx_loss * token_share(ptx[1] >= 0)
+                    actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
+                    figures["ptx_loss"] = ptx_loss
+                self._step(self.actor_opt, actor_loss)
                 if self.critic is not None:
                     with self.amp():
                         values = self.critic_values(mb.sequences, mb.attention_mask, mb.prompt_len)
@@ -296,41 +334,30 @@ class PPOTrainer:
                                          cfg.clip_range_value, tokens)
                     self._step(self.critic_opt, vf_loss)
                     figures["vf_loss"] = vf_loss
-                figures.update({"pg_loss": pg_loss,
-                                "ptx_loss": ptx / cfg.ptx_coef if ptx is not None else torch.zeros(()),
-                                "clipfrac": clipfrac, "approx_kl": approx_kl,
+                figures.setdefault("ptx_loss", torch.zeros(()))
+                figures.update({"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": approx_kl,
                                 "policy_entropy": entropy})
-                for k, v in figures.items():
-                    totals[k] = totals.get(k, 0.0) + v.item()
+                for k, v in figures.items():  # summed as tensors: no host sync per figure
+                    totals[k] = totals.get(k, 0.0) + v.detach().float()
                 n += 1
             if stopped:
                 break
         self.buffer.clear()
-        stats = {k: v / n for k, v in totals.items()}
+        stats = {k: v.item() / n for k, v in totals.items()}
         stats.update(minibatch_steps=n, skipped_updates=self.skipped_updates,
                      t_learn=time.time() - t0)
         return stats
 
-    def _step(self, optimizer: Optimizer, loss, extra_loss=None):
-        """Backward `loss`, then (if given) compute `extra_loss()` and backward it too, then one
-        optimizer step on the summed gradients. Returns the extra loss (detached) or None.
-        A non-finite loss skips the whole step: better than writing NaN into the weights."""
+    def _step(self, optimizer: Optimizer, loss) -> None:
+        """Backward `loss` and one optimizer step. A non-finite loss skips the step: better
+        than writing NaN into the weights."""
         if all_agree(not torch.isfinite(loss)):  # one decision for every rank
             # a runaway ratio or a degenerate batch: skip this update, and count it so the
             # log shows it happened
             optimizer.skip()
-            return None
+            return
         optimizer.backward(loss)
-        extra = None
-        if extra_loss is not None:
-            extra = extra_loss()
-            if all_agree(not torch.isfinite(extra)):
-                optimizer.skip()
-                return None
-            optimizer.backward(extra)
-            extra = extra.detach()
         optimizer.step()
-        return extra
 
     @property
     def skipped_updates(self) -> int:

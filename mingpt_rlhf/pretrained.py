@@ -179,7 +179,7 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
     initialised to the mean embedding, so a new token starts as an "average" token; the old
     rows, and so the logits of old ids, are unchanged.
     """
-    from .model import GPT  # model.py imports this module in GPT.from_pretrained
+    from .model import GPT, build_empty  # model.py imports this module in GPT.from_pretrained
     if os.path.isfile(str(name_or_path)):
         weights = str(name_or_path)
         folder = os.path.dirname(os.path.abspath(weights))
@@ -200,13 +200,9 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
             raise UserError(f"{folder}/config.json must be a JSON object; fix or delete it")
     tensors, source = gpt2_to_ours(read_safetensors(weights), weights)
     config = gpt2_config(tensors, hparams, weights, vocab_size)
-    # Skip the random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
-    # every parameter is overwritten below. On the "meta" device modules get shapes but no
-    # memory; to_empty() then allocates it, uninitialised, and unties shared parameters.
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device="cpu")
-    model.lm_head.weight = model.transformer.wte.weight
+    # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
+    # every parameter is overwritten below
+    model = build_empty(lambda: GPT(config))
     assert not list(model.buffers()), "GPT has buffers: to_empty() leaves them uninitialised"
     params = dict(model.named_parameters())  # lm_head.weight is wte's, listed once as wte
     for ours in tensors:

@@ -20,6 +20,10 @@ PAD is never sampled: when `pad_token_id` is given and differs from EOS, its log
 Note for RL: PPO must compute its log-probs from the same distribution it sampled from, so
 rollouts use plain sampling (no top-k / top-p) and the log-probs are taken from
 `logits / temperature`, with PAD excluded the same way (RLHF_NOTES.md, "negative KL").
+With `score=True` the sampler keeps, for every token it draws, that log-prob, the entropy
+of the distribution and the hidden state that chose it (`logprobs.tempered_logprobs`, the
+arithmetic the scoring passes use): PPO then needs no second pass of the actor to learn what
+the policy that sampled thought of its own tokens (ppo_trainer.py).
 
 Try it:  python -m mingpt_rlhf.sampling   (samples from a random tiny model)
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .logprobs import tempered_logprobs
 from .model import position_ids_from_mask
 
 
@@ -38,6 +43,11 @@ class GenerationOutput:
     attention_mask: torch.Tensor  # (B, T + new) 1 = real token (not padding)
     action_mask: torch.Tensor     # (B, T + new) 1 = generated token up to and including EOS
     prompt_len: int               # T: the response starts at this column
+    # with generate(score=True), for each generated token (0 past a row's EOS):
+    logprobs: torch.Tensor | None = None  # (B, new) float32 log p under softmax(logits / temperature),
+    #                                       PAD excluded: the full distribution, before top-k / top-p
+    entropy: torch.Tensor | None = None   # (B, new) float32 entropy of that distribution
+    hidden: torch.Tensor | None = None    # (B, new, C) the final hidden state that chose the token
 
     @property
     def responses(self) -> torch.Tensor:
@@ -71,6 +81,25 @@ def filter_logits(logits: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
     return logits
 
 
+def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One index per row of `probs` (B, V), drawn with its probabilities: (B,) int64.
+
+    By inverting the cumulative distribution: one uniform number u per row in (0, 1], and
+    the first index whose cumulative probability reaches u. `torch.multinomial` draws V
+    exponential numbers per row instead, which at GPT-2's 50,257 ids cost 8 ms for 8 rows on
+    a 2-core CPU, more than a decoding step's own output layer (measured, bench/README).
+    The running sum is in float64, so the boundaries between tokens are exact to 1e-16 and a
+    token of probability 0 (PAD) can never be drawn. (Apple's MPS has no float64: there,
+    multinomial.)"""
+    if probs.device.type == "mps":
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = probs.double().cumsum(-1)                                          # (B, V)
+    u = 1.0 - torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device,
+                         generator=generator)                                # (B, 1) in (0, 1]
+    index = torch.searchsorted(cdf, u * cdf[:, -1:])                          # first cdf >= u
+    return index.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # rounding can never pass the end
+
+
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """One token per row from the last-position logits (B, V). temperature 0 = greedy."""
     if temperature == 0:
@@ -79,24 +108,25 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         # draw among the k best directly: softmax over their k logits is the same distribution
         # as filter_logits + softmax over the vocabulary, with fewer and smaller ops per token
         best, best_ids = torch.topk(logits, top_k, dim=-1)  # (B, k), (B, k)
-        probs = torch.softmax(best / temperature, dim=-1)
-        choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1) index into the k
-        return best_ids.gather(-1, choice).squeeze(-1)
+        choice = draw(torch.softmax(best / temperature, dim=-1), generator)  # (B,) index into the k
+        return best_ids.gather(-1, choice[:, None]).squeeze(-1)
     logits = filter_logits(logits / temperature, top_k, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(torch.softmax(logits, dim=-1), generator)
 
 
 def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
              temperature: float = 1.0, top_k=None, top_p=None, eos_token_id=None,
-             pad_token_id=None, generator=None) -> GenerationOutput:
+             pad_token_id=None, generator=None, score: bool = False) -> GenerationOutput:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
 
     `pad_token_id` fills the positions after a row's EOS (default: `eos_token_id`, else 0);
     the masks, not the pad value, say what is real. A `pad_token_id` distinct from EOS is
-    never sampled. `generator` makes sampling reproducible.
+    never sampled. `generator` makes sampling reproducible. `score=True` also returns each
+    generated token's log-prob, entropy and hidden state (see GenerationOutput).
     """
     check_sampling_options(temperature, top_k, top_p)
+    if score and temperature == 0:
+        raise ValueError("score=True needs temperature > 0: greedy decoding has no log-probs")
     B, T = prompt_ids.shape
     if T == 0:
         raise ValueError("every prompt needs at least one token (GPT-2 users often start "
@@ -118,24 +148,28 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
     # its tensors cannot enter autograd later, so the results are cloned out of it
     with torch.inference_mode():
         out = _sample(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
-                      top_k, top_p, eos_token_id, pad_token_id, suppress, generator)
+                      top_k, top_p, eos_token_id, pad_token_id, suppress, generator, score)
     model.train(was_training)
-    return GenerationOutput(*(x.clone() for x in out), T)
+    sequences, full_mask, action_mask, scores = out
+    scores = [x.clone() for x in scores] if score else [None, None, None]
+    return GenerationOutput(sequences.clone(), full_mask.clone(), action_mask.clone(), T, *scores)
 
 
 def next_token_logits(model, ids, attention_mask, position_ids, cache, suppress):
     """(B, V) logits of the last position only (at a 50k vocabulary, the other positions'
-    logits would cost far more than the step itself), with the `suppress` id at -inf."""
+    logits would cost far more than the step itself), with the `suppress` id at -inf, and
+    the (B, C) hidden state they came from."""
     hidden = model.trunk(ids, attention_mask, position_ids, kv_cache=cache)[:, -1]  # (B, C)
     logits = model.logits(hidden)                                                # (B, V)
     if suppress is not None:
         logits[:, suppress] = float("-inf")
-    return logits
+    return logits, hidden
 
 
 def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_k, top_p,
-            eos_token_id, pad_token_id, suppress, generator):
-    """The decoding loop of `generate`: (sequences, attention_mask, action_mask)."""
+            eos_token_id, pad_token_id, suppress, generator, score=False):
+    """The decoding loop of `generate`: (sequences, attention_mask, action_mask, scores),
+    scores = [logprobs, entropy, hidden] of the generated tokens with `score`, else []."""
     B, T = prompt_ids.shape
     device = prompt_ids.device
     cache = model.new_kv_cache(B, T + max_new_tokens)
@@ -152,8 +186,9 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     # mask, which saves building one per step
     padded = not bool(attention_mask.all())
 
-    logits = next_token_logits(model, prompt_ids, attention_mask,
-                               position_ids_from_mask(attention_mask), cache, suppress)
+    logits, hidden = next_token_logits(model, prompt_ids, attention_mask,
+                                       position_ids_from_mask(attention_mask), cache, suppress)
+    steps = []  # with `score`: (logprob, entropy, hidden) of each step's token
     n_new = 0
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
@@ -167,20 +202,27 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
             n_done = int(done.sum())  # one sync answers both "all stopped?" and "any?"
             padded = padded or n_done > 0
         sequences[:, T + t] = token
+        if score:  # the full tempered distribution's view of the token, as PPO scores it
+            steps.append((*tempered_logprobs(logits, token, temperature, suppress, "value"), hidden))
         n_new = t + 1
         if eos_token_id is not None and n_done == B:
             break
         if t + 1 == max_new_tokens:
             break  # the last token needs no forward pass
         step_mask = full_mask[:, :T + t + 1] if mask_has_padding else None
-        logits = next_token_logits(model, token[:, None], step_mask, positions[:, t:t + 1],
-                                   cache, suppress)
+        logits, hidden = next_token_logits(model, token[:, None], step_mask,
+                                           positions[:, t:t + 1], cache, suppress)
 
     sequences = sequences[:, :T + n_new]
     full_mask = full_mask[:, :T + n_new]
     action_mask = full_mask.clone()
     action_mask[:, :T] = 0
-    return sequences, full_mask, action_mask
+    scores = []
+    if score:  # (B, new), (B, new), (B, new, C); nothing counts past a row's EOS
+        real = action_mask[:, T:].bool()
+        logprobs, entropy, hiddens = (torch.stack(x, 1) for x in zip(*steps))
+        scores = [torch.where(real, logprobs, 0.0), torch.where(real, entropy, 0.0), hiddens]
+    return sequences, full_mask, action_mask, scores
 
 
 if __name__ == "__main__":

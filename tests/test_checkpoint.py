@@ -2,6 +2,8 @@
 
 A CPU-only machine cannot run CUDA, so these stand in for one: torch.cuda's RNG functions are
 replaced by fakes that record what they are asked (tests/test_gpu.py runs the real ones)."""
+import os
+
 import pytest
 import torch
 
@@ -63,3 +65,57 @@ def test_generators_of_the_same_device_are_restored_exactly(capsys):
     checkpoint.restore_rank_rng({"rng": saved}, "ckpt.pt", sample=restored)
     assert torch.equal(torch.rand(4, generator=restored), expected)
     assert capsys.readouterr().out == ""
+
+
+# ---- reading only what a later stage needs -------------------------------------------------
+def memory_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak_memory():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM, the peak resident set size, back to the current size
+
+
+def write_sft_checkpoint(folder, optimizer_mb: int = 0):
+    """An SFT checkpoint of a small GPT, with `optimizer_mb` of stand-in optimizer state."""
+    from dataclasses import asdict
+
+    from mingpt_rlhf.model import GPT, GPTConfig
+    from mingpt_rlhf.tokenizer import WordTokenizer
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    tok = WordTokenizer(["w%d" % i for i in range(36)])
+    checkpoint.save_checkpoint(str(folder / "ckpt.pt"), {
+        "stage": "sft", "model": model.state_dict(), "model_config": asdict(model.config),
+        "tokenizer": tok.state_dict(), "step": 3,
+        "optimizer": {"exp_avg": torch.ones(optimizer_mb * 2**18)}})
+    return model
+
+
+def test_a_later_stage_loads_the_weights_tied_and_exact(tmp_path):
+    model = write_sft_checkpoint(tmp_path)
+    ids = torch.randint(0, 40, (2, 9))
+    for frozen in (False, True):
+        policy, _, origin = checkpoint.load_policy(str(tmp_path), frozen=frozen)
+        assert policy.lm_head.weight is policy.transformer.wte.weight  # still one tied tensor
+        assert torch.equal(policy(ids), model.eval()(ids)) and origin["step"] == 3
+        assert all(p.requires_grad != frozen for p in policy.parameters())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="reads Linux's /proc")
+def test_the_optimizer_state_of_an_earlier_stage_is_never_read_into_memory(tmp_path):
+    """An SFT checkpoint holds AdamW's moments beside the weights (at GPT-2 size 1 GB of its
+    1.5 GB); a later stage needs the weights only. Loading the policy from a checkpoint with
+    256 MB of optimizer state raises the process's peak memory by far less than that."""
+    write_sft_checkpoint(tmp_path, optimizer_mb=256)
+    reset_peak_memory()
+    before = memory_mb("VmRSS")
+    checkpoint.load_policy(str(tmp_path))
+    assert memory_mb("VmHWM") - before < 64
+    # read whole (what --resume does with the run's own checkpoint), it is all in memory
+    reset_peak_memory()
+    before = memory_mb("VmRSS")
+    whole = checkpoint.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert memory_mb("VmHWM") - before > 200 and whole["optimizer"]["exp_avg"].sum() > 0

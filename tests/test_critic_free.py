@@ -110,7 +110,8 @@ def grouped_prompts(n_prompts, k, seed=1):
 def test_first_minibatch_has_ratio_one_and_no_kl_loss(algo, kl_in):
     tr = make_trainer(Cfg(algo=algo, group_size=4, kl_in=kl_in), critic_free=True)
     exp, stats = tr.make_experience(*grouped_prompts(4, 4), torch.Generator().manual_seed(0))
-    assert stats["kl"] == 0.0 and 0.0 <= stats["zero_groups"] <= 1.0
+    # float32: the actor's log-probs are the sampler's, the reference's a full pass: equal to rounding
+    assert abs(stats["kl"]) < 1e-5 and 0.0 <= stats["zero_groups"] <= 1.0
     # every token of a response carries its response's advantage
     adv = exp.advantages
     per_resp = adv.sum(-1) / exp.action_mask.sum(-1)

@@ -6,7 +6,7 @@ a CUDA sampling generator next to CPU shuffling, frozen models held in bf16, the
 the compute dtype, LoRA merges built on the CPU, float16 with loss scaling, GPT-2's 50,257-id
 vocabulary, a checkpoint moved between the GPU and the CPU, and nccl when 2 GPUs are visible.
 
-Every run: finite figures, no skipped step, KL exactly 0 at the start and approx-KL < 1e-3 on
+Every run: finite figures, no skipped step, KL 0 at the start (to float32 rounding) and approx-KL < 1e-3 on
 the first minibatch of every update, a killed run resumes to the uninterrupted one's weights,
 and a checkpoint reloads to the logits the run computed.
 

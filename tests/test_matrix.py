@@ -23,7 +23,8 @@ several minutes of bf16 on a CPU without bf16 instructions; these cover every co
   as they do with GPT-2.
 
 Every run: it finishes, every logged figure is finite, no optimizer step was skipped; an RL
-run starts at KL exactly 0 (step-0 eval and the first rollout) and the first minibatch of
+run starts at KL 0 (step-0 eval and the first rollout; exactly under bf16, to rounding in
+float32, where the actor's log-probs are the sampler's) and the first minibatch of
 every update has approx-KL < 1e-3 (the policy that learns is the one that sampled). A resumed
 run was killed right after its first checkpoint, with a half-written line left at the end of
 metrics.jsonl, and must end where the uninterrupted run ends: the same weights, the same
@@ -104,7 +105,9 @@ def check_run(out_dir, summary, rl=False):
     if rl:
         step0 = [r for r in rows if r.get("split") == "eval" and r["step"] == 0]
         first = [r for r in rows if "pg_loss" in r][0]
-        assert step0 and step0[0]["kl"] == 0.0 and first["step"] == 1 and first["kl"] == 0.0
+        # 0 to float32 rounding: in float32 the actor's log-probs are the sampler's (decoding
+        # with the KV cache), the reference's come from a full pass (ppo_trainer.py)
+        assert step0 and abs(step0[0]["kl"]) < 1e-5 and first["step"] == 1 and abs(first["kl"]) < 1e-5
     read_run(out_dir)  # the plot's reader takes every run
 
 

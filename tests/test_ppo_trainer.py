@@ -1,6 +1,6 @@
 """PPO iteration properties on tiny random models (ppo_trainer.py)."""
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -87,11 +87,69 @@ def test_ratio_is_one_and_approx_kl_zero_on_the_first_minibatch(shared):
 
 
 def test_kl_of_a_model_to_itself_is_zero():
+    """In float32 the actor's log-probs are the sampler's (decoding with the KV cache) and the
+    reference's come from a full forward pass: equal to float32 rounding. Scored by the same
+    pass, they are equal bit for bit."""
     tr = make_trainer()
+    assert tr.reuse_sampler_logprobs
     exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
-    assert stats["kl"] == 0.0
-    assert torch.equal(exp.logprobs, exp.ref_logprobs)
+    assert abs(stats["kl"]) < 1e-5
+    torch.testing.assert_close(exp.logprobs, exp.ref_logprobs, atol=1e-5, rtol=0)
+    T = exp.prompt_len
+    with torch.no_grad():
+        actor = tr.policy_and_values(exp.sequences, exp.attention_mask, T)[0] * exp.action_mask
+        ref = tr.ref_logprobs(exp.sequences, exp.attention_mask, T) * exp.action_mask
+    assert torch.equal(actor, ref)
     assert stats["entropy"] >= 0
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_samplers_logprobs_entropy_and_values_are_the_scoring_passes(shared):
+    """make_experience keeps what the sampler computed for each token it drew (float32): the
+    same log-probs, entropies and (shared critic) values as a second pass of the actor over
+    the sequences, to float32 rounding; and the first minibatch's approx-KL is below 1e-6."""
+    tr = make_trainer(shared=shared)
+    with torch.no_grad():
+        if shared:
+            tr.value_head.weight.normal_()  # non-zero values, so the check means something
+    ids, mask = prompts(16, seed=5)
+    exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
+    T, m = exp.prompt_len, exp.action_mask
+    with torch.no_grad():
+        lp, ent, values = tr.policy_and_values(exp.sequences, exp.attention_mask, T, "value")
+    torch.testing.assert_close(exp.logprobs, lp * m, atol=1e-5, rtol=0)
+    assert stats["entropy"] == pytest.approx((ent * m).sum().item() / m.sum().item(), abs=1e-5)
+    if shared:
+        torch.testing.assert_close(exp.values, values * m, atol=1e-5, rtol=0)
+    # with top-k the sampler draws from a filtered distribution, but the log-probs stay those
+    # of the full one, as the scoring pass computes them (README: top-k biases the KL)
+    tr.cfg = replace(tr.cfg, top_k=3)
+    exp_k, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        lp_k = tr.policy_and_values(exp_k.sequences, exp_k.attention_mask, exp_k.prompt_len)[0]
+    torch.testing.assert_close(exp_k.logprobs, lp_k * exp_k.action_mask, atol=1e-5, rtol=0)
+    tr.cfg = replace(tr.cfg, top_k=0)
+    tr.buffer.add(exp)
+    mb = next(tr.buffer.minibatches(8, torch.Generator().manual_seed(1)))
+    with torch.no_grad():
+        new = tr.policy_and_values(mb.sequences, mb.attention_mask, mb.prompt_len)[0]
+    log_ratio = (new - mb.logprobs) * mb.action_mask
+    approx_kl = (((log_ratio.exp() - 1) - log_ratio) * mb.action_mask).sum() / mb.action_mask.sum()
+    assert approx_kl.item() < 1e-6
+
+
+def test_under_autocast_the_actor_is_scored_by_a_pass_of_its_own():
+    """bf16: decoding and a full pass round differently, so the stored log-probs come from a
+    scoring pass, the same one the reference takes: KL to itself exactly 0."""
+    tr = make_trainer()
+    tr.reuse_sampler_logprobs = False  # what PPOTrainer(dtype=torch.bfloat16) sets
+    assert not PPOTrainer(Cfg(), tr.actor, tr.ref, count_target, value_head=tr.value_head,
+                          eos_id=EOS, pad_id=PAD, kl_ctl=FixedKLController(0.05),
+                          dtype=torch.bfloat16).reuse_sampler_logprobs
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tr.amp = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+        exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    assert stats["kl"] == 0.0 and torch.equal(exp.logprobs, exp.ref_logprobs)
 
 
 def test_experience_is_padding_invariant():
@@ -138,6 +196,38 @@ def test_ptx_coef_zero_is_exactly_the_policy_loss():
         tr.learn(torch.Generator().manual_seed(1))
         outs.append(torch.cat([p.flatten() for p in tr.actor.parameters()]))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_the_ptx_batch_rides_in_the_policys_pass_with_the_same_numbers():
+    """PPO-ptx: the demonstrations share the policy minibatch's forward and backward (padded
+    to one width, the trunk packs both); the log-probs, values and LM loss are those of two
+    separate passes, and so is the gradient of policy loss + ptx_coef x LM loss."""
+    from mingpt_rlhf.logprobs import lm_loss
+    tok = WordTokenizer([str(i) for i in range(5)])  # 8 ids: pad, eos, unk, 0..4
+    demos = SFTData(tok, [("0 1", "2 3 4"), ("1", "2"), ("0 1 2 3", "4 4 4 4 4 4 4 4 4 4 4 4 3")] * 4, 24)
+    tr = make_trainer(Cfg(ptx_coef=0.3), ptx_data=demos)
+    exp, _ = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+    inputs, targets = tr.ptx_batch(torch.Generator().manual_seed(2))
+    assert inputs.size(1) != exp.sequences.size(1)  # the two batches have other widths
+    T, m = exp.prompt_len, exp.action_mask
+
+    def gradient(merged: bool):
+        tr.actor.zero_grad()
+        tr.value_head.zero_grad()
+        if merged:
+            lp, _, values, ptx = tr.policy_and_values(exp.sequences, exp.attention_mask, T,
+                                                      ptx=(inputs, targets))
+        else:
+            lp, _, values = tr.policy_and_values(exp.sequences, exp.attention_mask, T)
+            ptx = lm_loss(tr.actor, inputs, targets, tr.suppress)
+        ((lp * m).sum() + (values * m).sum() + 0.3 * ptx).backward()
+        grads = [p.grad.clone() for p in list(tr.actor.parameters()) + list(tr.value_head.parameters())]
+        return lp * m, values * m, ptx.detach(), grads
+    merged, separate = gradient(True), gradient(False)
+    for a, b in zip(merged[:3], separate[:3]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(merged[3], separate[3]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_ppo_raises_a_trivial_reward():
@@ -205,7 +295,7 @@ def test_shuffling_and_ptx_use_the_cpu_generator_and_sampling_the_device_one(mon
     tr = make_trainer(Cfg(ptx_coef=0.1), ptx_data=SFTData(tok, [("0 1", "2 3 4")] * 20, 24))
     sample_gen, shuffle_gen = torch.Generator(), torch.Generator()
     batch = prompts()
-    seen = {"randperm": [], "randint": [], "multinomial": []}
+    seen = {"randperm": [], "randint": [], "rand": []}  # sampling.draw: one torch.rand per token
     for name in seen:
         real = getattr(torch, name)
 
@@ -214,9 +304,9 @@ def test_shuffling_and_ptx_use_the_cpu_generator_and_sampling_the_device_one(mon
             return _real(*args, **kwargs)
         monkeypatch.setattr(torch, name, spy)
     tr.step([batch], sample_gen, shuffle_gen)
-    assert seen["randperm"] and seen["randint"] and seen["multinomial"]
+    assert seen["randperm"] and seen["randint"] and seen["rand"]
     assert all(g is shuffle_gen for g in seen["randperm"] + seen["randint"])
-    assert all(g is sample_gen for g in seen["multinomial"])
+    assert all(g is sample_gen for g in seen["rand"])
 
 
 def test_a_shared_value_head_learns_at_critic_lr():
@@ -240,7 +330,9 @@ def test_lora_reference_is_the_actor_with_adapters_off():
     tr = PPOTrainer(Cfg(), base, None, count_target, value_head=head, eos_id=EOS, pad_id=PAD,
                     kl_ctl=FixedKLController(0.05))
     exp, stats = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
-    assert stats["kl"] == 0.0  # zero-initialised adapters: the actor is its reference
+    # zero-initialised adapters: the actor is its reference (to float32 rounding: the actor's
+    # log-probs are the sampler's)
+    assert abs(stats["kl"]) < 1e-5
     with torch.no_grad():
         for m in base.modules():
             if isinstance(m, LoRALinear):
@@ -281,16 +373,19 @@ def test_float16_updates_are_loss_scaled_and_overflows_skipped():
 
 def test_generating_in_slices_right_pads_each_slice_to_the_longest_response():
     """--generate_batch_size: each slice is what `generate` gives for those rows alone, drawn
-    from the same generator in turn; shorter slices are padded with PAD and masked out."""
+    from the same generator in turn; shorter slices are padded with PAD and masked out, and
+    so are the sampler's log-probs, entropies and hidden states."""
     cfg = Cfg(generate_batch_size=5)
     tr = make_trainer(cfg)
     ids, mask = prompts(12)
-    seqs, attn, act = tr.sample(ids, mask, torch.Generator().manual_seed(0))
+    whole = tr.sample(ids, mask, torch.Generator().manual_seed(0), score=True)
+    seqs, attn, act = whole.sequences, whole.attention_mask, whole.action_mask
     g = torch.Generator().manual_seed(0)
     widths = []
+    T = ids.size(1)
     for i in range(0, 12, 5):
         out = generate(tr.actor, ids[i:i + 5], mask[i:i + 5], cfg.max_new_tokens,
-                       eos_token_id=EOS, pad_token_id=PAD, generator=g)
+                       eos_token_id=EOS, pad_token_id=PAD, generator=g, score=True)
         n = out.sequences.size(1)
         widths.append(n)
         assert torch.equal(seqs[i:i + 5, :n], out.sequences)
@@ -298,6 +393,9 @@ def test_generating_in_slices_right_pads_each_slice_to_the_longest_response():
         assert torch.equal(act[i:i + 5, :n], out.action_mask)
         assert (seqs[i:i + 5, n:] == PAD).all() and not attn[i:i + 5, n:].any()
         assert not act[i:i + 5, n:].any()
+        for name in ("logprobs", "entropy", "hidden"):
+            part = getattr(whole, name)[i:i + 5]
+            assert torch.equal(part[:, :n - T], getattr(out, name)) and not part[:, n - T:].any()
     assert seqs.size(1) == max(widths)
     exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
-    assert torch.equal(exp.sequences, seqs) and stats["kl"] == 0.0
+    assert torch.equal(exp.sequences, seqs) and abs(stats["kl"]) < 1e-5
