@@ -59,24 +59,19 @@ def learn_matmul_floor(config: GPTConfig, rows: int, steps: int, dtype, reps: in
     return statistics.median(times), flop / 1e9
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--critic", default="shared", choices=["shared", "separate"])
-    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    ap.add_argument("--iters", type=int, default=10, help="measured iterations")
-    ap.add_argument("--warmup", type=int, default=2, help="iterations before measuring")
-    args = ap.parse_args()
-
+def measure(critic: str = "shared", dtype: str = "float32", iters: int = 10, warmup: int = 2,
+            floor: bool = True) -> dict:
+    """Median seconds per iteration and per phase (and, with `floor`, the learn floor)."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, block_size=256, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
     actor = GPT(config)
     ref = copy.deepcopy(actor).eval().requires_grad_(False)
-    critic = value_head = None
-    if args.critic == "separate":
-        critic = Critic(config)
+    critic_model = value_head = None
+    if critic == "separate":
+        critic_model = Critic(config)
     else:
         value_head = ScalarHead(config.n_embd)
-    cfg = Config(critic=args.critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
+    cfg = Config(critic=critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
                  max_new_tokens=32, temperature=1.0, ptx_coef=0.0,
                  target_kl=0.0)  # every update does all 4 x 4 minibatch steps
 
@@ -84,33 +79,45 @@ def main():
         responses = sequences[:, -action_mask.size(1):]
         return ((responses == 5).float() * action_mask).sum(-1) / action_mask.sum(-1)
 
-    trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic, value_head=value_head,
+    trainer = PPOTrainer(cfg, actor, ref, reward_fn, critic=critic_model, value_head=value_head,
                          eos_id=None, pad_id=0, kl_ctl=FixedKLController(cfg.kl_coef),
-                         amp=lambda: autocast(torch.device("cpu"), DTYPES[args.dtype]))
+                         amp=lambda: autocast(torch.device("cpu"), DTYPES[dtype]),
+                         dtype=DTYPES[dtype])
     g = torch.Generator().manual_seed(0)          # prompts and sampling
     shuffle = torch.Generator().manual_seed(1)    # minibatch order
     times = []
-    for i in range(args.warmup + args.iters):
+    for i in range(warmup + iters):
         prompts = torch.randint(0, 64, (64, 16), generator=g)
         t = time.time()
         exps, stats = trainer.step([(prompts, torch.ones_like(prompts))], g, shuffle)
         total = time.time() - t
         assert exps[0].action_mask.shape == (64, 32) and exps[0].action_mask.all()
         assert stats["minibatch_steps"] == 16
-        if i >= args.warmup:
+        if i >= warmup:
             times.append({"sec_per_iter": total, "t_generate": stats["t_generate"],
                           "t_score": stats["t_score"], "t_learn": stats["t_learn"]})
     result = {k: round(statistics.median(t[k] for t in times), 4) for k in times[0]}
-    floor, gflop = learn_matmul_floor(config, rows=cfg.minibatch_size * 48,
-                                      # a separate critic is a second trunk to train
-                                      steps=cfg.ppo_epochs * 64 // cfg.minibatch_size
-                                      * (2 if args.critic == "separate" else 1),
-                                      dtype=DTYPES[args.dtype])
-    result.update(learn_matmul_floor=round(floor, 4), learn_linear_gflop=round(gflop, 1),
-                  floor_gflops_per_s=round(gflop / floor, 1))
-    result.update(critic=args.critic, dtype=args.dtype, iters=args.iters,
-                  torch=torch.__version__, threads=torch.get_num_threads(),
-                  reward_last=round(stats["rm_score"], 4))
+    if floor:
+        seconds, gflop = learn_matmul_floor(config, rows=cfg.minibatch_size * 48,
+                                            # a separate critic is a second trunk to train
+                                            steps=cfg.ppo_epochs * 64 // cfg.minibatch_size
+                                            * (2 if critic == "separate" else 1),
+                                            dtype=DTYPES[dtype])
+        result.update(learn_matmul_floor=round(seconds, 4), learn_linear_gflop=round(gflop, 1),
+                      floor_gflops_per_s=round(gflop / seconds, 1))
+    result.update(critic=critic, dtype=dtype, iters=iters, torch=torch.__version__,
+                  threads=torch.get_num_threads(), reward_last=round(stats["rm_score"], 4))
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--critic", default="shared", choices=["shared", "separate"])
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--iters", type=int, default=10, help="measured iterations")
+    ap.add_argument("--warmup", type=int, default=2, help="iterations before measuring")
+    args = ap.parse_args()
+    result = measure(args.critic, args.dtype, args.iters, args.warmup)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", f"ppo_speed_{args.critic}_{args.dtype}.json"), "w") as f:
         json.dump(result, f, indent=1)
