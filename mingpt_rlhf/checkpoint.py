@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
+from .model import load_state_dict_checked
 
 
 # what each stage's checkpoint holds and which script wrote it (the "stage" key of a checkpoint)
@@ -82,39 +83,6 @@ def resume_checkpoint(out_dir: str, resume: bool, stage: str):
                         f"{describe_stage(stage)}; resume it with the script that wrote it, "
                         f"or pass another --out_dir")
     return path, ckpt
-
-
-def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str,
-                            assign: bool = False) -> None:
-    """`module.load_state_dict`, but a mismatch names the first tensor that does not fit.
-    A GPT state dict from before the vocabulary was padded gets its padded rows.
-    `assign=True` makes the loaded tensors the module's own, with no copy: for a frozen
-    model loaded from a memory-mapped checkpoint, its weights stay pages of the file."""
-    from .model import pad_vocab_rows
-    if getattr(module, "config", None) is not None:
-        state_dict = pad_vocab_rows(state_dict, module.config)
-    own = module.state_dict()
-    for name, tensor in own.items():
-        if name not in state_dict:
-            raise UserError(f"{where} has no tensor {name!r}: it was written for another model")
-        if state_dict[name].shape != tensor.shape:
-            raise UserError(f"{where}: tensor {name!r} has shape {tuple(state_dict[name].shape)} "
-                            f"but the model expects {tuple(tensor.shape)}; the model options "
-                            f"(--n_layer/--n_head/--n_embd/--block_size) differ from the "
-                            f"checkpoint's")
-    extra = sorted(set(state_dict) - set(own))
-    if extra:
-        raise UserError(f"{where} has tensors the model lacks, e.g. {extra[0]!r}: "
-                        f"it was written for another model")
-    if assign:  # the module's dtypes stay (a copying load would cast to them too)
-        state_dict = {k: v if v.dtype == own[k].dtype else v.to(own[k].dtype)
-                      for k, v in state_dict.items()}
-    module.load_state_dict(state_dict, assign=assign)
-    if assign:  # each key got its own tensor object: tie GPT's output layer again
-        from .model import GPT
-        for m in module.modules():
-            if isinstance(m, GPT):
-                m.lm_head.weight = m.transformer.wte.weight
 
 
 def weights_for_later_stages(module: torch.nn.Module) -> dict:

@@ -68,7 +68,7 @@ def load_sft_jsonl(path: str) -> list[tuple[str, str]]:
 
 
 def load_preference_jsonl(path: str):
-    from .tasks import PreferencePair
+    from .task_base import PreferencePair
     rows = read_jsonl(path, [["prompt", "chosen", "rejected"], ["chosen", "rejected"]],
                       "preference data")
     return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) if "prompt" in o
@@ -79,7 +79,7 @@ def split_dialogue_pair(chosen: str, rejected: str, marker: str = "Assistant:"):
     """A raw Anthropic HH pair holds the whole dialogue on both sides. The prompt is their
     shared beginning up to the last "Assistant:" in it; the responses are the rest. Without
     that marker the prompt is empty and the whole texts are compared."""
-    from .tasks import PreferencePair
+    from .task_base import PreferencePair
     n = 0
     while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
         n += 1

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import UserError
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, load_state_dict_checked
 
 
 def last_real_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,6 @@ class ScalarHeadModel(nn.Module):
         A normalised reward model scores `gain * head(h) + bias`; that normalisation is folded
         into the head (weight x gain, bias x gain + bias), so the loaded head speaks in the
         normalised units PPO's rewards are in (RLHF_NOTES.md, failure mode 9)."""
-        from .checkpoint import load_state_dict_checked
         if "head.weight" not in state_dict:
             raise UserError(f"{where} holds no scalar head: is it a reward model checkpoint?")
         gain = state_dict.get("gain", torch.tensor(1.0)).float()

@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .errors import UserError
 from .packing import Packing
 
 
@@ -195,9 +196,18 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, vocab_size: int | None = None) -> "GPT":
-        """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...)."""
-        from .pretrained import load_pretrained
-        return load_pretrained(name_or_path, vocab_size)
+        """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...),
+        in eval mode. `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's
+        PAD), initialised to the mean embedding. Reading, renaming and downloading are
+        pretrained.py's; it knows nothing of this class."""
+        from .pretrained import copy_weights, gpt2_weights
+        config, tensors, source, path = gpt2_weights(name_or_path, vocab_size)
+        # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
+        # every parameter is overwritten
+        model = build_empty(lambda: cls(GPTConfig(**config)))
+        assert not list(model.buffers()), "GPT has buffers: to_empty() leaves them uninitialised"
+        copy_weights(dict(model.named_parameters()), tensors, source, path)
+        return model.eval()
 
     def set_dropout(self, p: float) -> None:
         """Change the dropout probability everywhere (PPO needs 0: see RLHF_NOTES.md)."""
@@ -339,3 +349,34 @@ def pad_vocab_rows(state_dict: dict, config: GPTConfig) -> dict:
                 and config.padded_vocab_size > config.vocab_size:
             out[name] = torch.cat([t, t.new_zeros(config.padded_vocab_size - t.shape[0], t.shape[1])])
     return out
+
+
+def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: str,
+                            assign: bool = False) -> None:
+    """`module.load_state_dict`, but a mismatch names the first tensor that does not fit.
+    A GPT state dict from before the vocabulary was padded gets its padded rows.
+    `assign=True` makes the loaded tensors the module's own, with no copy: for a frozen
+    model loaded from a memory-mapped checkpoint, its weights stay pages of the file."""
+    if getattr(module, "config", None) is not None:
+        state_dict = pad_vocab_rows(state_dict, module.config)
+    own = module.state_dict()
+    for name, tensor in own.items():
+        if name not in state_dict:
+            raise UserError(f"{where} has no tensor {name!r}: it was written for another model")
+        if state_dict[name].shape != tensor.shape:
+            raise UserError(f"{where}: tensor {name!r} has shape {tuple(state_dict[name].shape)} "
+                            f"but the model expects {tuple(tensor.shape)}; the model options "
+                            f"(--n_layer/--n_head/--n_embd/--block_size) differ from the "
+                            f"checkpoint's")
+    extra = sorted(set(state_dict) - set(own))
+    if extra:
+        raise UserError(f"{where} has tensors the model lacks, e.g. {extra[0]!r}: "
+                        f"it was written for another model")
+    if assign:  # the module's dtypes stay (a copying load would cast to them too)
+        state_dict = {k: v if v.dtype == own[k].dtype else v.to(own[k].dtype)
+                      for k, v in state_dict.items()}
+    module.load_state_dict(state_dict, assign=assign)
+    if assign:  # each key got its own tensor object: tie GPT's output layer again
+        for m in module.modules():
+            if isinstance(m, GPT):
+                m.lm_head.weight = m.transformer.wte.weight

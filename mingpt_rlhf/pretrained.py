@@ -138,9 +138,8 @@ def gpt2_to_ours(raw: dict[str, torch.Tensor], path: str) -> tuple[dict, dict]:
     return tensors, source
 
 
-def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None):
-    """A GPTConfig from the tensor shapes (+ n_head from config.json or the known sizes)."""
-    from .model import GPTConfig
+def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None) -> dict:
+    """GPTConfig's fields from the tensor shapes (+ n_head from config.json or the known sizes)."""
     wte, wpe = tensors.get("transformer.wte.weight"), tensors.get("transformer.wpe.weight")
     if wte is None or wpe is None:
         raise UserError(f"{path}: no wte.weight / wpe.weight; is this a GPT-2 checkpoint?")
@@ -167,19 +166,15 @@ def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None)
     if vocab_size is not None and vocab_size < V:
         raise UserError(f"vocab_size {vocab_size} is smaller than the checkpoint's {V}; "
                         f"pass vocab_size >= {V} (e.g. the tokenizer's vocab_size)")
-    return GPTConfig(vocab_size=vocab_size or V, block_size=wpe.shape[0], n_layer=n_layer,
-                     n_head=n_head, n_embd=n_embd, dropout=0.0, bias=True)
+    return dict(vocab_size=vocab_size or V, block_size=wpe.shape[0], n_layer=n_layer,
+                n_head=n_head, n_embd=n_embd, dropout=0.0, bias=True)
 
 
-def load_pretrained(name_or_path, vocab_size: int | None = None):
-    """GPT-2 weights -> GPT in eval mode. `name_or_path`: a folder holding model.safetensors
-    (and maybe config.json), a .safetensors file, or a name from KNOWN_NAMES.
-
-    `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's PAD is id 50257)
-    initialised to the mean embedding, so a new token starts as an "average" token; the old
-    rows, and so the logits of old ids, are unchanged.
-    """
-    from .model import GPT, build_empty  # model.py imports this module in GPT.from_pretrained
+def gpt2_weights(name_or_path, vocab_size: int | None = None) -> tuple[dict, dict, dict, str]:
+    """GPT-2 weights as our GPT needs them: (GPTConfig fields, tensors by our parameter names,
+    the checkpoint's name of each, the weights file). `name_or_path`: a folder holding
+    model.safetensors (and maybe config.json), a .safetensors file, or a name from KNOWN_NAMES.
+    `GPT.from_pretrained` builds the model from them (this module knows no GPT)."""
     if os.path.isfile(str(name_or_path)):
         weights = str(name_or_path)
         folder = os.path.dirname(os.path.abspath(weights))
@@ -199,12 +194,14 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
         if not isinstance(hparams, dict):
             raise UserError(f"{folder}/config.json must be a JSON object; fix or delete it")
     tensors, source = gpt2_to_ours(read_safetensors(weights), weights)
-    config = gpt2_config(tensors, hparams, weights, vocab_size)
-    # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
-    # every parameter is overwritten below
-    model = build_empty(lambda: GPT(config))
-    assert not list(model.buffers()), "GPT has buffers: to_empty() leaves them uninitialised"
-    params = dict(model.named_parameters())  # lm_head.weight is wte's, listed once as wte
+    return gpt2_config(tensors, hparams, weights, vocab_size), tensors, source, weights
+
+
+def copy_weights(params: dict, tensors: dict, source: dict, weights: str) -> None:
+    """Copy GPT-2's `tensors` into a model's `params` (name -> Parameter), checking that each
+    has its place and shape. A vocabulary larger than the checkpoint's (our BPE's PAD is id
+    50257) gets its new embedding rows set to the mean embedding, so a new token starts as an
+    "average" token; the old rows, and so the logits of old ids, are unchanged."""
     for ours in tensors:
         if ours not in params:
             raise UserError(f"{weights}: tensor {source[ours]!r} has no place in our GPT; "
@@ -226,7 +223,6 @@ def load_pretrained(name_or_path, vocab_size: int | None = None):
                                 f"{tuple(src.shape)}{hint}, the model needs {tuple(p.shape)}; "
                                 f"the checkpoint is inconsistent; {REFETCH}")
             p.copy_(src)
-    return model.eval()
 
 
 # ---- names -> a local folder, downloading once -----------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 
 from .errors import UserError
-from .tasks import BuiltinTask, PreferencePair
+from .task_base import BuiltinTask, PreferencePair
 from .tokenizer import EOS, WordTokenizer
 
 DIGITS = [str(d) for d in range(10)]

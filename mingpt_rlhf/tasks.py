@@ -39,6 +39,7 @@ import random
 from dataclasses import dataclass
 
 from .errors import UserError
+from .task_base import BuiltinTask, PreferencePair  # noqa: F401 (PreferencePair: part of this module's API)
 from .tokenizer import EOS, WordTokenizer
 
 # ----------------------------------------------------------------------------- the grammar
@@ -72,14 +73,6 @@ NEUTRAL_PROB = 0.1     # any clause may say "ordinary", whatever the mode
 INTENSIFIER_PROB = 0.5
 MAX_DEMO_CLAUSES = 3   # demonstrations stop at 3 so that the 4th clause stays legal but rare
 FIRST_CUT_PROB = 0.7   # most prompts are "the X verb"; the rest carry an earlier clause along
-
-
-@dataclass
-class PreferencePair:
-    """The labeller preferred `chosen` to `rejected` for `prompt` (texts without "<eos>")."""
-    prompt: str
-    chosen: str
-    rejected: str
 
 
 @dataclass
@@ -189,35 +182,6 @@ def _parse(words: list) -> list | None:
         return scores if words[i:] == [STOP] else None
 
 
-class BuiltinTask:
-    """What every built-in task shares: three kinds of data (SFT demonstrations "sft",
-    preference pairs "pairs", RL prompts "prompts") in two splits ("train", "eval"), each
-    drawn once by the task's `_draw_data(kind, split, rng)` and cached. A string seed names
-    one stream per (task, seed, kind, split): train and eval never share draws, and seed 1
-    "train" is not seed 0 "eval" as it is with seed + offset. random.Random hashes a str seed
-    with sha512, so it is the same in every process."""
-
-    name = ""
-
-    def sft_examples(self, split: str) -> list[tuple[str, str]]:
-        """Demonstrations (prompt, response) for split "train" or "eval"."""
-        return self._data("sft", split)
-
-    def preference_pairs(self, split: str) -> list[PreferencePair]:
-        return self._data("pairs", split)
-
-    def prompts(self, split: str) -> list[str]:
-        return self._data("prompts", split)
-
-    def _data(self, kind: str, split: str) -> list:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        if (kind, split) not in self._cache:
-            rng = random.Random(f"{self.name}/{self.seed}/{kind}/{split}")
-            self._cache[kind, split] = self._draw_data(kind, split, rng)
-        return list(self._cache[kind, split])  # a copy, so a caller's shuffle cannot leak
-
-
 class ReviewsTask(BuiltinTask):
     """Synthetic movie reviews with a hidden gold reward; see the module docstring.
 
@@ -323,7 +287,7 @@ def gold_agreement(task, pairs: list[PreferencePair]) -> float:
 
 
 def _sort_task(**kwargs):
-    from .task_sort import SortTask  # its own file; it builds on BuiltinTask from here
+    from .task_sort import SortTask  # its own file; it builds on task_base.BuiltinTask
     return SortTask(**kwargs)
 
 
