@@ -123,13 +123,17 @@ def picture_of_run(out_dir: str) -> str | None:
     return path
 
 
-def main(argv=None) -> None:
+def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="python -m mingpt_rlhf.plot", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of training runs (with metrics.jsonl)")
     ap.add_argument("--out", default="curves.png", help="the PNG to write (default: curves.png)")
+    return ap
+
+
+def main(argv=None) -> None:
     try:
-        args = ap.parse_args(argv)
+        args = build_parser().parse_args(argv)
         print(f"wrote {plot_runs(args.runs, args.out)}")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

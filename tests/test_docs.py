@@ -1,0 +1,103 @@
+"""The README and docs/ stay true: every relative link resolves (to a file, and to a heading
+when it names one), and every `python ...` command they quote names a script that exists
+with options its own parser accepts."""
+import glob
+import importlib
+import os
+import re
+import shlex
+
+import pytest
+
+from mingpt_rlhf.cli import build_parser
+from test_scripts import ROOT
+
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+SCRIPTS = ("train_sft", "train_rm", "train_ppo", "train_dpo", "sample")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: str) -> set:
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def links(path: str):
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+        target = m.group(1)
+        if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            yield target
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_relative_link_resolves(page):
+    found = list(links(page))
+    for target in found:
+        path, _, anchor = target.partition("#")
+        full = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        assert os.path.exists(full), f"{os.path.relpath(page, ROOT)}: {target} does not exist"
+        if anchor:
+            assert anchor in anchors(full), f"{os.path.relpath(page, ROOT)}: no heading #{anchor} in {path or 'itself'}"
+    if page.endswith("README.md"):
+        assert len(found) >= 10  # the README points into docs/
+
+
+def commands(path: str) -> list[list[str]]:
+    """Every `python ...` command in the page's code blocks, as argument lists (continuation
+    lines joined, `a && b` split, comments dropped)."""
+    with open(path, encoding="utf-8") as f:
+        blocks = re.findall(r"```bash\n(.*?)```", f.read(), flags=re.S)
+    out = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                words = shlex.split(part, comments=True)
+                while words and "=" in words[0] and not words[0].startswith("-"):
+                    words = words[1:]  # VAR=value before the command
+                if words[:1] == ["torchrun"]:
+                    words = ["python"] + [w for w in words if w.endswith(".py")][:1] + \
+                        words[next(i for i, w in enumerate(words) if w.endswith(".py")) + 1:]
+                if words[:1] == ["python"]:
+                    out.append(words[1:])
+    return out
+
+
+def check_command(args: list[str], page: str):
+    where = f"{os.path.relpath(page, ROOT)}: python {' '.join(args)}"
+    if args[:2] == ["-m", "pytest"]:
+        return
+    if args[:2] == ["-m", "mingpt_rlhf.plot"]:
+        importlib.import_module("mingpt_rlhf.plot").build_parser().parse_args(args[2:])
+        return
+    script = args[0]
+    assert os.path.isfile(os.path.join(ROOT, script)), f"{where}: no {script}"
+    name = os.path.splitext(script)[0]
+    if name in SCRIPTS:  # options parsed with the script's own parser
+        module = importlib.import_module(name)
+        build_parser(module.Config).parse_args(args[1:])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_quoted_command_names_a_script_and_options_that_exist(page):
+    found = commands(page)
+    for args in found:
+        check_command(args, page)
+    if page.endswith("README.md"):
+        assert len(found) >= 10
+
+
+def test_the_checker_catches_a_wrong_option_and_a_missing_script():
+    from mingpt_rlhf.errors import UserError
+    with pytest.raises(UserError):
+        check_command(["train_ppo.py", "--no_such_option", "1"], PAGES[0])
+    with pytest.raises(AssertionError):
+        check_command(["train_nothing.py"], PAGES[0])
+    assert slug("Which method? PPO, GRPO") == "which-method-ppo-grpo"
