@@ -115,23 +115,49 @@ def summarise(result: dict) -> None:
 
 
 def draw(result: dict, png: str) -> None:
+    """Left, sort: held-out accuracy against RL iterations, each method's mean over seeds (the
+    band: min to max). Right, reviews: held-out gold against the
+    KL to the SFT policy at each eval, mean over seeds, trained on the RM (solid) and on the
+    gold reward itself (dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, part, ylabel in ((axes[0], "sort", "held-out accuracy (exact match)"),
-                             (axes[1], "reviews", "gold reward")):
-        for key, run in sorted(result["runs"].items()):
-            p, method, seed = key.split("/")
-            if p != part or method == "sft" or not run.get("frontier"):
-                continue
-            xs, ys = [e["kl"] for e in run["frontier"]], [e["gold"] for e in run["frontier"]]
-            ax.plot(xs, ys, marker=".", alpha=0.7, label=f"{method} seed {seed}")
-        ax.set_xlabel("KL to the SFT policy (nats per response)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(part, fontsize=10)
+    methods = {}
+    for key, run in result["runs"].items():
+        part, method, _ = key.split("/")
+        methods.setdefault((part, method), []).append(run)
+    colours = {"grpo": "C0", "rloo": "C1", "ppo_shared": "C2", "ppo": "C2"}
+    for (part, method), runs in sorted(methods.items()):
+        frontiers = [r["frontier"] for r in runs if r.get("frontier")]
+        if method == "sft":  # iteration 0 of each RL run is the SFT policy
+            continue
+        if not frontiers:
+            continue
+        n = min(len(f) for f in frontiers)
+        steps = [frontiers[0][i]["step"] for i in range(n)]
+        gold = [[f[i]["gold"] for f in frontiers] for i in range(n)]
+        kl = [sum(f[i]["kl"] for f in frontiers) / len(frontiers) for i in range(n)]
+        mean = [sum(g) / len(g) for g in gold]
+        if part == "sort":
+            axes[0].plot(steps, mean, marker=".", color=colours.get(method), label=method)
+            axes[0].fill_between(steps, [min(g) for g in gold], [max(g) for g in gold],
+                                 color=colours.get(method), alpha=0.15)
+        else:
+            algo, reward = method.split("_")
+            axes[1].plot(kl, mean, marker=".", color=colours.get(algo),
+                         ls="-" if reward == "rm" else "--",
+                         label=f"{algo} on the {'reward model' if reward == 'rm' else 'gold reward'}")
+    seeds = len(methods.get(("sort", "grpo"), []))
+    axes[0].set(xlabel="RL iteration (0: the SFT policy, imitating the teacher)",
+                ylabel="held-out exact-match accuracy",
+                title=f"sort: RL on the check ({seeds} seeds, mean; band min-max)")
+    axes[1].set(xlabel="KL to the SFT policy (nats per response)", ylabel="held-out gold reward",
+                title="reviews: trained on the RM vs on the gold reward")
+    for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7)
+        ax.title.set_fontsize(10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
