@@ -85,3 +85,15 @@ def versions() -> dict:
     except ImportError:
         pass
     return out
+
+
+def emit(result: dict, path: str = "") -> None:
+    """Print `result` as one JSON line, and write the same line to `path` if one is given."""
+    import json
+
+    line = json.dumps(result)
+    print(line)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(line + "\n")

@@ -23,14 +23,13 @@ Prints one JSON line, and writes it to --json if given.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, gpt2_model, peak_rss_mb, versions  # noqa: E402
+from common import SHAPES, emit, gpt2_model, peak_rss_mb, versions  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -96,12 +95,7 @@ def main():
                   reps=reps, top_k=args.top_k, attn=args.attn, model=shape,
                   peak_rss_mb=peak_rss_mb(), threads=torch.get_num_threads(), **versions(),
                   load_avg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)])
-    line = json.dumps(result)
-    print(line)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ Prints one JSON line (medians over the measured iterations) and writes it to --j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -39,7 +38,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SHAPES, gpt2_model, offline_tokenizer, peak_rss_mb, versions  # noqa: E402
+from common import SHAPES, emit, gpt2_model, offline_tokenizer, peak_rss_mb, versions  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -173,12 +172,7 @@ def main():
         **versions(),
         "load_avg_1min": round(os.getloadavg()[0], 2),
     }
-    line = json.dumps(result)
-    print(line)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":
