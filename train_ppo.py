@@ -112,7 +112,9 @@ class Config:
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
                         "log-probs are of the full distribution, so filtering inflates the KL")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
-    actor_lr: float = opt(5e-5, "actor learning rate, decayed linearly to 0 (1e-4 can collapse: see README)")
+    actor_lr: float = opt(-1.0, "actor learning rate, decayed linearly to 0 (-1 = auto: 5e-5, "
+                                "where 1e-4 once collapsed on the reward model; 1e-4 with --reward "
+                                "task, where 5e-5 was still rising at the end: docs/rewards.md)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
@@ -161,6 +163,8 @@ class Config:
 def check_config(cfg: Config):
     if cfg.ptx_coef == -1:  # auto
         cfg.ptx_coef = 0.02 if cfg.algo == "ppo" else 0.0
+    if cfg.actor_lr == -1:  # auto (docs/rewards.md: measured on both rewards)
+        cfg.actor_lr = 1e-4 if cfg.reward == "task" else 5e-5
     if cfg.eval_prompts_file and not cfg.prompts:
         raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
                         "eval prompts); pass your training prompts as --prompts too")

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -116,9 +117,8 @@ def summarise(result: dict) -> None:
 
 def draw(result: dict, png: str) -> None:
     """Left, sort: held-out accuracy against RL iterations, each method's mean over seeds (the
-    band: min to max). Right, reviews: held-out gold against the
-    KL to the SFT policy at each eval, mean over seeds, trained on the RM (solid) and on the
-    gold reward itself (dashed)."""
+    band: min to max). Right, reviews: held-out gold against the KL to the SFT policy at each
+    eval, median over seeds, trained on the RM (solid) and on the gold reward itself (dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -137,7 +137,6 @@ def draw(result: dict, png: str) -> None:
         n = min(len(f) for f in frontiers)
         steps = [frontiers[0][i]["step"] for i in range(n)]
         gold = [[f[i]["gold"] for f in frontiers] for i in range(n)]
-        kl = [sum(f[i]["kl"] for f in frontiers) / len(frontiers) for i in range(n)]
         mean = [sum(g) / len(g) for g in gold]
         if part == "sort":
             axes[0].plot(steps, mean, marker=".", color=colours.get(method), label=method)
@@ -145,7 +144,10 @@ def draw(result: dict, png: str) -> None:
                                  color=colours.get(method), alpha=0.15)
         else:
             algo, reward = method.split("_")
-            axes[1].plot(kl, mean, marker=".", color=colours.get(algo),
+            # medians: one seed's eval can sit far off (a spike that recovers, kl 36) and
+            # would drag a mean across the picture
+            kl = [median(f[i]["kl"] for f in frontiers) for i in range(n)]
+            axes[1].plot(kl, [median(g) for g in gold], marker=".", color=colours.get(algo),
                          ls="-" if reward == "rm" else "--",
                          label=f"{algo} on the {'reward model' if reward == 'rm' else 'gold reward'}")
     seeds = len(methods.get(("sort", "grpo"), []))
@@ -153,7 +155,7 @@ def draw(result: dict, png: str) -> None:
                 ylabel="held-out exact-match accuracy",
                 title=f"sort: RL on the check ({seeds} seeds, mean; band min-max)")
     axes[1].set(xlabel="KL to the SFT policy (nats per response)", ylabel="held-out gold reward",
-                title="reviews: trained on the RM vs on the gold reward")
+                title="reviews: trained on the RM vs on the gold reward (median of seeds)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -136,3 +136,16 @@ def test_reward_options_that_cannot_work_exit_2(stages, tmp_path, capsys, argv, 
     line = exits_2(capsys, "train_ppo", ["--sft_dir", str(stages[0] / "sft"),
                                          "--out_dir", str(tmp_path), *argv])
     assert all(w in line for w in words), line
+
+
+def test_the_actor_lr_defaults_to_the_reward_source():
+    """-1 (auto): 5e-5 on a reward model or a user's function, 1e-4 on the task's own check
+    (docs/rewards.md: at 5e-5 GRPO on the gold reward was still rising at the end); a rate
+    given is kept."""
+    for reward, lr in (("rm", 5e-5), ("task", 1e-4), ("examples/reward_positive.py:score", 5e-5)):
+        cfg = train_ppo.Config(reward=reward)
+        train_ppo.check_config(cfg)
+        assert cfg.actor_lr == lr
+    cfg = train_ppo.Config(reward="task", actor_lr=3e-5)
+    train_ppo.check_config(cfg)
+    assert cfg.actor_lr == 3e-5  # a value given is kept
