@@ -252,7 +252,7 @@ class GPT(nn.Module):
         elif kv_cache is None and (packing := Packing.of(attention_mask)) is not None:
             # mostly padding: run the blocks on the real tokens only (packing.py)
             hidden = (self.compiled_blocks or self.blocks)(
-                packing.pack(idx), packing.pack(position_ids), packing.attn_mask)
+                packing.pack(idx), packing.pack(position_ids.expand(B, T)), packing.attn_mask)
             return packing.unpack(hidden)                             # (B, T, C), 0 at pads
         elif kv_cache is None and (attention_mask[:, 1:] <= attention_mask[:, :-1]).all():
             attn_mask = None  # right padding only: causal attention never looks at it

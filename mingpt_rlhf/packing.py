@@ -48,7 +48,8 @@ class Packing:
         `min_saving` (default MIN_SAVING) of the positions."""
         min_saving = MIN_SAVING if min_saving is None else min_saving
         B, T = attention_mask.shape
-        lengths = attention_mask.sum(-1).tolist()
+        mask = attention_mask.bool()  # a float or int mask alike
+        lengths = mask.sum(-1).tolist()
         width = max(1, max(lengths))
         fill, line, start = [], [0] * B, [0] * B  # tokens in each packed row; each row's place
         for b in sorted(range(B), key=lambda b: -lengths[b]):
@@ -61,7 +62,6 @@ class Packing:
         if rows * width > (1 - min_saving) * B * T:
             return None
         device = attention_mask.device
-        mask = attention_mask.bool()
         real = mask.flatten().nonzero().squeeze(-1)                           # (M,)
         row = real // T
         within = (mask.long().cumsum(-1) - 1).flatten()[real]                   # (M,) 0, 1, ...

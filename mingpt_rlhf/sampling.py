@@ -94,6 +94,12 @@ def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
     if probs.device.type == "mps":
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     cdf = probs.double().cumsum(-1)                                          # (B, V)
+    # a diverged model (NaN or inf logits) must stop the run, as multinomial did, not write
+    # the last id forever; asserted on the device, so a GPU does not wait for the answer
+    total = cdf[:, -1]
+    torch._assert_async((torch.isfinite(total) & (total > 0)).all(),
+                        "sampling from probabilities that are NaN, inf or all 0: the model's "
+                        "logits are not finite (the run diverged; lower the learning rate)")
     u = 1.0 - torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device,
                          generator=generator)                                # (B, 1) in (0, 1]
     index = torch.searchsorted(cdf, u * cdf[:, -1:])                          # first cdf >= u
@@ -220,7 +226,11 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     scores = []
     if score:  # (B, new), (B, new), (B, new, C); nothing counts past a row's EOS
         real = action_mask[:, T:].bool()
-        logprobs, entropy, hiddens = (torch.stack(x, 1) for x in zip(*steps))
+        if steps:
+            logprobs, entropy, hiddens = (torch.stack(x, 1) for x in zip(*steps))
+        else:  # max_new_tokens 0
+            logprobs = entropy = torch.zeros(B, 0, device=device)
+            hiddens = hidden.new_zeros(B, 0, hidden.size(-1))
         scores = [torch.where(real, logprobs, 0.0), torch.where(real, entropy, 0.0), hiddens]
     return sequences, full_mask, action_mask, scores
 

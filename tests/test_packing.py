@@ -82,3 +82,16 @@ def test_compiled_blocks_compute_what_the_eager_ones_compute(model, monkeypatch)
     torch.testing.assert_close(model.trunk(ids, mask), eager, atol=1e-5, rtol=0)
     torch.testing.assert_close(model.trunk(ids[:, :9]), unpacked(lambda: model.trunk(ids[:, :9]), monkeypatch),
                                atol=1e-5, rtol=0)
+
+
+def test_a_float_mask_and_shared_position_ids_take_the_packed_path_too(model):
+    """The trunk accepted a float mask and (1, T) position ids before packing existed; the
+    packed path takes them too, and computes what the int mask and (B, T) ids compute."""
+    ids, mask = padded_batch()
+    B, T = ids.shape
+    real = mask.bool()
+    reference = model.trunk(ids, mask)
+    torch.testing.assert_close(model.trunk(ids, mask.float())[real], reference[real])
+    shared = torch.arange(T)[None]  # (1, T)
+    torch.testing.assert_close(model.trunk(ids, mask, shared)[real],
+                               model.trunk(ids, mask, shared.expand(B, T))[real])

@@ -124,3 +124,22 @@ def test_pad_is_never_sampled():
     # PAD left at its default (= EOS) is a real token and stays allowed
     out = generate(model, prompts, max_new_tokens=3, eos_token_id=0)
     assert (out.responses[:, 0] == 0).all()
+
+
+def test_non_finite_probabilities_stop_sampling_with_a_clear_error():
+    """A diverged model must stop the run (torch.multinomial refused NaN; the inverse-CDF draw
+    that replaced it would otherwise return the last id forever)."""
+    from mingpt_rlhf.sampling import sample_next
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(RuntimeError, match="not finite"):
+            sample_next(torch.full((2, 4), bad))
+    assert sample_next(torch.zeros(2, 4)).shape == (2,)  # finite logits still draw
+
+
+def test_zero_new_tokens_with_scores_gives_empty_scores():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    prompts = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    out = generate(m, prompts, max_new_tokens=0, score=True)
+    assert torch.equal(out.sequences, prompts)
+    assert out.logprobs.shape == out.entropy.shape == (2, 0) and out.hidden.shape == (2, 0, 16)
