@@ -137,8 +137,8 @@ def draw(result: dict, png: str) -> None:
         n = min(len(f) for f in frontiers)
         steps = [frontiers[0][i]["step"] for i in range(n)]
         gold = [[f[i]["gold"] for f in frontiers] for i in range(n)]
-        mean = [sum(g) / len(g) for g in gold]
         if part == "sort":
+            mean = [sum(g) / len(g) for g in gold]
             axes[0].plot(steps, mean, marker=".", color=colours.get(method), label=method)
             axes[0].fill_between(steps, [min(g) for g in gold], [max(g) for g in gold],
                                  color=colours.get(method), alpha=0.15)

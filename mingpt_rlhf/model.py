@@ -245,6 +245,7 @@ class GPT(nn.Module):
                 position_ids = torch.arange(past, past + T, device=idx.device)[None]  # (1, T)
             else:
                 position_ids = position_ids_from_mask(attention_mask)[:, -T:]         # (B, T)
+        position_ids = position_ids.expand(B, T)  # a (1, T) row serves every sequence
         if attention_mask is None:
             # a decoding step of one token needs no mask: it may see every cached position
             attn_mask = None if past == 0 or T == 1 else build_attn_mask(
@@ -252,15 +253,15 @@ class GPT(nn.Module):
         elif kv_cache is None and (packing := Packing.of(attention_mask)) is not None:
             # mostly padding: run the blocks on the real tokens only (packing.py)
             hidden = (self.compiled_blocks or self.blocks)(
-                packing.pack(idx), packing.pack(position_ids.expand(B, T)), packing.attn_mask)
+                packing.pack(idx), packing.pack(position_ids), packing.attn_mask)
             return packing.unpack(hidden)                             # (B, T, C), 0 at pads
         elif kv_cache is None and (attention_mask[:, 1:] <= attention_mask[:, :-1]).all():
             attn_mask = None  # right padding only: causal attention never looks at it
         else:
             attn_mask = build_attn_mask(attention_mask, T)
         if kv_cache is None and self.compiled_blocks is not None:
-            return self.compiled_blocks(idx, position_ids.expand(B, T), attn_mask)
-        return self.blocks(idx, position_ids.expand(B, T), attn_mask, kv_cache)
+            return self.compiled_blocks(idx, position_ids, attn_mask)
+        return self.blocks(idx, position_ids, attn_mask, kv_cache)
 
     def compile_blocks(self) -> None:
         """--compile: torch.compile the blocks for every pass without a KV cache (training,

@@ -96,13 +96,13 @@ def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
     cdf = probs.double().cumsum(-1)                                          # (B, V)
     # a diverged model (NaN or inf logits) must stop the run, as multinomial did, not write
     # the last id forever; asserted on the device, so a GPU does not wait for the answer
-    total = cdf[:, -1]
+    total = cdf[:, -1:]                                                      # (B, 1)
     torch._assert_async((torch.isfinite(total) & (total > 0)).all(),
                         "sampling from probabilities that are NaN, inf or all 0: the model's "
                         "logits are not finite (the run diverged; lower the learning rate)")
     u = 1.0 - torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device,
                          generator=generator)                                # (B, 1) in (0, 1]
-    index = torch.searchsorted(cdf, u * cdf[:, -1:])                          # first cdf >= u
+    index = torch.searchsorted(cdf, u * total)                               # first cdf >= u
     return index.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # rounding can never pass the end
 
 
