@@ -139,6 +139,7 @@ def main(cfg: Config) -> dict:
     # ---- data: the preference pairs of train_rm.py, and held-out prompts for the eval
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
     if task is not None:
+        task.check_vocabulary(tokenizer, cfg.sft_dir)
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
         eval_prompts = task.prompts("eval")[:cfg.eval_prompts]
     else:
@@ -147,7 +148,11 @@ def main(cfg: Config) -> dict:
             eval_pairs = load_preference_jsonl(cfg.eval_data)
         else:
             train_pairs, eval_pairs = holdout_split(train_pairs, cfg.seed)
-        eval_prompts = [p.prompt for p in eval_pairs][:cfg.eval_prompts]
+        # the eval samples a response to each prompt, and sampling needs a prompt token
+        eval_prompts = [p.prompt for p in eval_pairs if p.prompt.strip()][:cfg.eval_prompts]
+        if not eval_prompts:
+            raise UserError("every held-out pair has an empty prompt, and the eval samples "
+                            "responses to their prompts; give the pairs a \"prompt\"")
     block = policy.config.block_size
     train_data = PairData(tokenizer, train_pairs, block)
     if train_data.skipped:

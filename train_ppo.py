@@ -18,6 +18,8 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py --algo grpo --reward task          # no reward model: the task's own check
     python train_ppo.py --task sort --sft_dir out/sort/sft --algo grpo --reward task
     python train_ppo.py --reward my_reward.py:score       # your function(prompts, responses)
+    python train_ppo.py --sft_dir out/arith/sft --prompts examples/arithmetic/prompts.jsonl \
+        --algo grpo --reward examples/arithmetic/reward.py:exact   # a reference answer per prompt
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
@@ -37,8 +39,8 @@ from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_st
                                     resume_checkpoint, resume_state, reward_model_from,
                                     save_checkpoint, weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_non_negative, require_positive, run
-from mingpt_rlhf.data import (SFTData, encode_prompt, holdout_split, left_pad, load_prompts_jsonl,
-                              load_sft_jsonl)
+from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
+                              load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
 from mingpt_rlhf.distributed import rank as process_rank
 from mingpt_rlhf.errors import UserError
@@ -48,7 +50,7 @@ from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_stat
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
-from mingpt_rlhf.ppo_trainer import PPOTrainer
+from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
 from mingpt_rlhf.metrics import MetricsLog
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
@@ -67,23 +69,28 @@ class Config:
     reward: str = opt("rm", "where the reward comes from: rm (the reward model in --rm_dir) | "
                             "task (the built-in task's own check: reviews' gold reward, sort's "
                             "exact match; no reward model) | FILE.py:FUNCTION or "
-                            "MODULE:FUNCTION (your function(prompts, responses) -> list of "
-                            "floats, on decoded text, one call per rollout batch)")
+                            "MODULE:FUNCTION (your function(prompts, responses, **fields) -> "
+                            "list of floats, on decoded text, one call per rollout batch; fields: "
+                            "the other columns of --prompts)")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
-    prompts: str = opt("", "JSONL of {prompt} lines; replaces the task's prompts (5%% held out "
-                           "for eval unless --eval_prompts_file)")
-    eval_prompts_file: str = opt("", "held-out JSONL of {prompt} lines for eval (with --prompts)")
+    prompts: str = opt("", "JSONL of {prompt, ...} lines; replaces the task's prompts (5%% held "
+                           "out for eval unless --eval_prompts_file); every other field of a "
+                           "line (e.g. answer) reaches a --reward function as a keyword argument")
+    eval_prompts_file: str = opt("", "held-out JSONL of {prompt, ...} lines for eval (with "
+                                     "--prompts; the same fields)")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
                            "rloo (leave-one-out baseline, no critic); see README, 'Methods'")
     group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
-    kl_in: str = opt("reward", "where the KL penalty goes: reward (k1 per token for ppo, summed "
-                               "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
-                               "token in the loss, as the GRPO paper; measured weaker here, see "
-                               "README 'Which method')")
+    kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed "
+                             "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
+                             "token in the loss, as the GRPO paper; measured weaker here, see "
+                             "docs/results.md) | auto (loss with --grpo_norm grpo, else reward)")
     grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
                                "--max_new_tokens | grpo (the paper): divide by the group's reward "
-                               "std and average each response's tokens")
+                               "std and average each response's tokens; needs the KL in the loss "
+                               "(with it in the reward, a group of equal scores would get its KL "
+                               "noise scaled to +-1 advantages)")
     reduction: str = opt("auto", "how token losses become one number: token (mean over the "
                                  "minibatch's tokens) | sequence (mean per response, then over "
                                  "responses) | budget (sum per response / --max_new_tokens) | "
@@ -99,8 +106,8 @@ class Config:
                                       "group_size each)")
     rollouts_per_update: int = opt(1, "rollout batches collected before each update")
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
-    minibatch_size: int = opt(16, "responses per minibatch, all processes together (>= 8 keeps "
-                                  "whitening stable)")
+    minibatch_size: int = opt(16, "responses per minibatch, all processes together (advantages "
+                                  "are whitened once per rollout batch, not per minibatch)")
     generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
                                       "of the rollout batch); "
                                       "fewer hold a smaller KV cache, the largest tensor of the rollout")
@@ -135,12 +142,13 @@ class Config:
     ptx_coef: float = opt(-1.0, "weight of the LM loss on demonstrations (0 = off; -1 = auto: "
                                  "0.02 for ppo, 0 for grpo and rloo). Kept small: the built-in "
                                  "demonstrations are 1/3 negative reviews, so a larger weight "
-                                 "pulls the policy back to them; the critic-free methods lost "
-                                 "0.1 gold to even 0.02 (README)")
+                                 "pulls the policy back to them")
     target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "
                                  "sampling policy passes this (0 = off); guards against the "
                                  "sudden KL spikes in the README")
-    reward_clip: float = opt(5.0, "clip reward-model scores to +-this")
+    reward_clip: float = opt(5.0, "clip the reward model's (normalised) scores to +-this (0 = "
+                                  "off); rewards from code (--reward task or a function) are "
+                                  "used as returned")
     missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")
     grad_clip: float = opt(1.0, "clip gradient norms to this (0 = off)")
     eval_interval: int = opt(20, "iterations between evaluations and checkpoints")
@@ -161,13 +169,31 @@ class Config:
 
 
 def check_config(cfg: Config):
-    if cfg.ptx_coef == -1:  # auto
-        cfg.ptx_coef = 0.02 if cfg.algo == "ppo" else 0.0
-    if cfg.actor_lr == -1:  # auto (docs/rewards.md: measured on both rewards)
-        cfg.actor_lr = 1e-4 if cfg.reward == "task" else 5e-5
     if cfg.eval_prompts_file and not cfg.prompts:
         raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
                         "eval prompts); pass your training prompts as --prompts too")
+    if cfg.score_batch_size < 0:
+        raise UserError(f"--score_batch_size must be >= 0 (0 = --minibatch_size), "
+                        f"got {cfg.score_batch_size}")
+    if cfg.generate_batch_size < 0:
+        raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
+                        f"got {cfg.generate_batch_size}")
+    if cfg.algo not in ("ppo", "grpo", "rloo"):
+        raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
+    if cfg.kl_in not in ("auto", "reward", "loss"):
+        raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
+    if cfg.reduction not in ("auto", "token", "sequence", "budget"):
+        raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
+    if cfg.grpo_norm not in ("grpo", "dr"):
+        raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
+    # every "auto" resolved by the function PPOTrainer applies too, so the values the run
+    # prints and saves are the ones it trains with
+    try:
+        resolved = resolve_auto_options(cfg)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for name in ("actor_lr", "ptx_coef", "kl_in", "reduction"):
+        setattr(cfg, name, getattr(resolved, name))
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
     require_positive(cfg, "max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
@@ -180,20 +206,6 @@ def check_config(cfg: Config):
         raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
                         f"responses (--rollout_batch_size x --rollouts_per_update = "
                         f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
-    if cfg.score_batch_size < 0:
-        raise UserError(f"--score_batch_size must be >= 0 (0 = --minibatch_size), "
-                        f"got {cfg.score_batch_size}")
-    if cfg.generate_batch_size < 0:
-        raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
-                        f"got {cfg.generate_batch_size}")
-    if cfg.algo not in ("ppo", "grpo", "rloo"):
-        raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
-    if cfg.kl_in not in ("reward", "loss"):
-        raise UserError(f"--kl_in must be reward or loss, got {cfg.kl_in!r}")
-    if cfg.reduction not in ("auto", "token", "sequence", "budget"):
-        raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
-    if cfg.grpo_norm not in ("grpo", "dr"):
-        raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
     if cfg.algo == "ppo" and cfg.kl_in == "loss":
         raise UserError("--kl_in loss is for grpo / rloo; ppo keeps the KL in its per-token "
                         "reward (--kl_in reward)")
@@ -225,6 +237,10 @@ def check_config(cfg: Config):
     check_lora_options(cfg)
 
 
+# options that decide which models a run builds: a resumed run must be started with the same
+RESUME_FIXED = ("reward", "critic", "lora_rank", "lora_targets")
+
+
 def load_models(cfg: Config, device, dtype):
     """(tokenizer, actor, ref, rm, critic, value_head); rm is None unless --reward rm."""
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
@@ -237,8 +253,10 @@ def load_models(cfg: Config, device, dtype):
         rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
         if not rm_ckpt.get("normalised"):
             print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
+    if not cfg.prompts:  # the built-in task's prompts, in the policy's tokens
+        get_task(cfg.task).check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
 
-    # dropout is off in every model (load_policy and below), so the first ratio is exactly 1
+    # dropout is off in every model (load_policy and below), so the first ratio is 1 (to rounding)
     actor = policy.to(device)
     if cfg.lora_rank > 0:
         add_lora(actor, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
@@ -276,22 +294,35 @@ def load_models(cfg: Config, device, dtype):
     # frozen weights (reference, reward model, LoRA bases) in the autocast dtype: less memory,
     # the same numbers (runtime.hold_frozen_in)
     for model in (actor, ref, rm, critic):
-        if model is not None:
-            hold_frozen_in(model, dtype)
+        if model is not None:  # only the actor's merged weights are saved: no float32 copy else
+            hold_frozen_in(model, dtype, keep_float32_base=model is actor)
     return tokenizer, actor, ref, rm, critic, value_head
 
 
-def prompt_splits(cfg: Config, task) -> tuple[list[str], list[str]]:
-    """(training prompts, held-out eval prompts): the task's splits, or --prompts with
-    --eval_prompts_file, or --prompts with 5 % of it held out (an eval on prompts the policy
-    trains on would flatter it)."""
+def prompt_splits(cfg: Config, task) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out eval rows), each row {"prompt": str, ...}: the task's splits,
+    or --prompts with --eval_prompts_file, or --prompts with 5 % of it held out (an eval on
+    prompts the policy trains on would flatter it). A file's other fields ride along."""
     if task is not None:
-        train, held_out = task.prompts("train"), task.prompts("eval")
+        train, held_out = ([{"prompt": p} for p in task.prompts(split)] for split in ("train", "eval"))
     elif cfg.eval_prompts_file:
-        train, held_out = load_prompts_jsonl(cfg.prompts), load_prompts_jsonl(cfg.eval_prompts_file)
+        train, held_out = load_prompt_rows(cfg.prompts), load_prompt_rows(cfg.eval_prompts_file)
+        if set(train[0]) != set(held_out[0]):
+            raise UserError(f"{cfg.eval_prompts_file} has fields {sorted(held_out[0])}, "
+                            f"{cfg.prompts} {sorted(train[0])}; give both files the same fields")
     else:
-        train, held_out = holdout_split(load_prompts_jsonl(cfg.prompts), cfg.seed)
+        train, held_out = holdout_split(load_prompt_rows(cfg.prompts), cfg.seed)
     return train, held_out[:cfg.eval_prompts]
+
+
+def require_same_options(cfg: Config, saved: dict, path: str) -> None:
+    """A resumed run builds the models the first run built: refuse a changed --reward,
+    --critic or LoRA shape with the value the run was started with."""
+    for name in RESUME_FIXED:
+        if name in saved and saved[name] != getattr(cfg, name):
+            raise UserError(f"{path} was started with --{name} {saved[name]}, not "
+                            f"{getattr(cfg, name)}; resume with --{name} {saved[name]}, or "
+                            f"start anew in another --out_dir")
 
 
 def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
@@ -328,13 +359,16 @@ def main(cfg: Config) -> dict:
     seed_everything(cfg.seed)
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, cfg.algo)
+    if resumed:
+        require_same_options(cfg, resumed.get("config", {}), ckpt_path)
 
     # ---- models
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
 
     # ---- data: prompts to roll out on, held-out prompts, demonstrations for ptx
     task = None if cfg.prompts else get_task(cfg.task, seed=cfg.seed)
-    train_prompts, eval_prompts = prompt_splits(cfg, task)
+    train_rows, eval_rows = prompt_splits(cfg, task)
+    train_prompts, eval_prompts = [r["prompt"] for r in train_rows], [r["prompt"] for r in eval_rows]
     ptx_data = None
     if cfg.ptx_coef > 0:
         demos = load_sft_jsonl(cfg.ptx_data) if cfg.ptx_data else (task.sft_examples("train") if task else None)
@@ -352,7 +386,8 @@ def main(cfg: Config) -> dict:
 
     # the reward: the RM's normalised score at the last real token, or a check of the text
     if cfg.reward == "rm":
-        reward_fn = ModelReward(rm, local.score_batch_size or local.minibatch_size)
+        reward_fn = ModelReward(rm, local.score_batch_size or local.minibatch_size,
+                                amp=lambda: autocast(device, dtype))
     elif cfg.reward == "task":
         reward_fn = task_reward(task, tokenizer)
     else:
@@ -417,13 +452,20 @@ def main(cfg: Config) -> dict:
         return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
 
     def batch_of_prompts(indices):
+        """(ids, mask, fields) of these training prompts; fields: the prompts file's other
+        columns, one value per row, for the reward function."""
         ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
-        return ids.to(device), mask.to(device)
+        return ids.to(device), mask.to(device), fields_of([train_rows[i] for i in indices])
+
+    def scoring(at: str):  # a reward from code names where the run was in its errors
+        if isinstance(reward_fn, TextReward):
+            reward_fn.begin(at)
 
     @torch.no_grad()
     def evaluate(step: int) -> dict:
         """Held-out prompts, sampled as in training, scored by RM, KL and (if any) gold."""
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
+        scoring(f"the eval at iteration {step}")
         rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
         figures, responses, prompts = {score_name: 0.0, "kl": 0.0}, [], []
         # rank 0 evaluates alone, in batches of one process's share (and, inside
@@ -431,7 +473,8 @@ def main(cfg: Config) -> dict:
         batch = local.rollout_batch_size
         for i in range(0, len(rows), batch):
             ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
-            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False)
+            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False,
+                                                 fields=fields_of(eval_rows[i:i + batch]))
             n = len(exp.scores)
             figures[score_name] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
@@ -442,6 +485,7 @@ def main(cfg: Config) -> dict:
         if task is not None:
             figures["gold"] = sum(task.gold_reward(p, r) for p, r in zip(prompts, responses)) / len(rows)
             figures["well_formed"] = sum(task.well_formed(p, r) for p, r in zip(prompts, responses)) / len(rows)
+            figures.update(task.extra_eval_figures(prompts, responses))  # sort: gold_unseen
         log.log(step, split="eval", **figures)
         tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
         for p, r in list(zip(prompts, responses))[:3]:
@@ -460,6 +504,7 @@ def main(cfg: Config) -> dict:
         if trainer.critic_opt is not None:
             trainer.critic_opt.set_lr_scale(scale)
         batches = [batch_of_prompts(draw_prompts()) for _ in range(cfg.rollouts_per_update)]
+        scoring(f"iteration {step + 1}")
         experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
         stats[score_name] = stats.pop("rm_score")
         if task is not None:
@@ -475,9 +520,10 @@ def main(cfg: Config) -> dict:
                        f"starting beta), lower --kl_horizon (beta reacts faster), lower "
                        f"--actor_lr, or set --target_kl (stops an update early); or accept it "
                        f"with a larger --kl_target")
-        bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}"},
-                        gold=f"{stats.get('gold', 0):.2f}",
-                        kl=f"{stats['kl']:.2f}")
+        shown = {"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}"}
+        if "gold" in stats:  # a built-in task's; a prompts file has none
+            shown["gold"] = f"{stats['gold']:.2f}"
+        bar.set_postfix(**shown, kl=f"{stats['kl']:.2f}")
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
             if is_main():
                 evaluate(step + 1)

@@ -163,6 +163,7 @@ def main(cfg: Config) -> dict:
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
     if task is not None:
+        task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
     else:
         train_pairs = load_preference_jsonl(cfg.data)
@@ -266,7 +267,7 @@ def main(cfg: Config) -> dict:
 
     # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
     if cfg.norm_samples > 0:
-        prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt]
+        prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt.strip()]
         if prompts:
             raw = sft_sample_scores(policy.to(device), model, tokenizer,
                                     prompts[:cfg.norm_samples], cfg, ctx)

@@ -149,6 +149,9 @@ def main(cfg: Config) -> dict:
     train_pairs, eval_pairs = load_demonstrations(cfg, task)
     if resumed:
         tokenizer = tokenizer_from_state(resumed["tokenizer"])
+        if task is not None:  # resumed with another --task: its text would be <unk>
+            task.check_vocabulary(tokenizer, cfg.out_dir, fix="resume with the --task it "
+                                  "started with, or pass another --out_dir to start anew")
     else:
         tokenizer = make_tokenizer(cfg, task, train_pairs)
 

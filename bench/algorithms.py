@@ -43,8 +43,10 @@ METHODS = {  # name: (script, options beyond the defaults)
     "grpo": (train_ppo, {"algo": "grpo"}),  # defaults: Dr. GRPO's normalisation, KL in the reward
     "rloo": (train_ppo, {"algo": "rloo"}),
     "dpo": (train_dpo, {}),
-    # GRPO as published, and the two halves of the difference
-    "grpo_std_kl_reward": (train_ppo, {"algo": "grpo", "grpo_norm": "grpo"}),
+    # GRPO as published, and the two halves of the difference. The std with the KL in the
+    # reward ("grpo_std_kl_reward" in results/algorithms.json, committed on 2026-11-23) is no
+    # longer run: train_ppo.py refuses the pairing (a tied group's KL noise would be scaled
+    # up to +-1 advantages)
     "grpo_std_kl_loss": (train_ppo, {"algo": "grpo", "grpo_norm": "grpo", "kl_in": "loss"}),
     "dr_grpo_kl_loss": (train_ppo, {"algo": "grpo", "kl_in": "loss"}),
 }

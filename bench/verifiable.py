@@ -55,7 +55,8 @@ def run_figures(out_dir: str, seconds: float) -> dict:
     """Final eval figures, KL, tokens generated and seconds of a finished run."""
     rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
     final = rows[-1]
-    figures = {k: final[k] for k in ("gold", "well_formed", "kl", "distinct2") if k in final}
+    figures = {k: final[k] for k in ("gold", "gold_unseen", "well_formed", "kl", "distinct2")
+               if k in final}
     figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r)
     figures["seconds"] = round(seconds, 1)
     figures["frontier"] = [{"step": r["step"], "kl": r["kl"], "gold": r["gold"]}
@@ -73,7 +74,12 @@ def pass_at(out_dir: str, task, k: int = 8, seed: int = 0) -> dict:
                                  generator=torch.Generator().manual_seed(seed))
     right = [task.check(p, r) for p, r in zip(repeated, responses)]
     per_prompt = [any(right[i * k:(i + 1) * k]) for i in range(len(prompts))]
-    return {"pass@1": sum(right) / len(right), f"pass@{k}": sum(per_prompt) / len(prompts)}
+    figures = {"pass@1": sum(right) / len(right), f"pass@{k}": sum(per_prompt) / len(prompts)}
+    # the problems whose digits training never holds, in any order (task_sort.py)
+    unseen = [ok for p, ok in zip(repeated, right) if task.unseen(p)]
+    if unseen:
+        figures["pass@1_unseen"] = sum(unseen) / len(unseen)
+    return figures
 
 
 def timed(fn, cfg) -> float:

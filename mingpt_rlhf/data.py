@@ -9,6 +9,14 @@ File formats (one JSON object per line; blank lines are skipped):
 - Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
 A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
 
+Empty prompts: a policy samples its first response token from the prompt's last token, so a
+prompts file refuses a prompt that is empty or only whitespace (`file:line`). Demonstrations
+and pairs may have one ({"text"} lines have none by design): the first token of a sequence
+has no position before it, so it is never a target; SFT learns the response from its second
+token on, DPO sums log-probs from the second token on (both sides alike), and the reward
+model scores the whole text as usual. Sampling on such a pair's prompt (the RM's
+normalisation, DPO's eval) skips it.
+
 Sequences are prompt tokens + response tokens + EOS. When that is longer than the block size
 we cut tokens from the *left of the prompt* (the end of the prompt, next to the response,
 matters most); an example whose response alone does not fit is skipped and counted.
@@ -89,7 +97,39 @@ def split_dialogue_pair(chosen: str, rejected: str, marker: str = "Assistant:"):
 
 
 def load_prompts_jsonl(path: str) -> list[str]:
-    return [o["prompt"] for _, o in read_jsonl(path, [["prompt"]], "prompts")]
+    return [row["prompt"] for row in load_prompt_rows(path)]
+
+
+# the reward function's own arguments: a field of a prompts file may not take their names
+RESERVED_FIELDS = ("prompts", "responses")
+
+
+def load_prompt_rows(path: str) -> list[dict]:
+    """Rows of a prompts file: {"prompt": str, ...}. Every other field (a reference answer,
+    unit tests, ...) reaches a reward function as a keyword argument, so every row must have
+    the same fields, and none may be named like the function's own arguments."""
+    rows = read_jsonl(path, [["prompt"]], "prompts")
+    for n, obj in rows:
+        if not obj["prompt"].strip():  # no token for the first response token to follow
+            raise UserError(f"{path}:{n}: the prompt is empty; a policy answers a prompt of at "
+                            f"least one word: write one or drop the line")
+    first_line, first = rows[0]
+    fields = set(first) - {"prompt"}
+    for n, obj in rows:
+        if set(obj) - {"prompt"} != fields:
+            raise UserError(f"{path}:{n}: fields {sorted(set(obj) - {'prompt'})} differ from "
+                            f"line {first_line}'s {sorted(fields)}; give every line the same "
+                            f"fields (they reach the reward function as keyword arguments)")
+    for name in RESERVED_FIELDS:
+        if name in fields:
+            raise UserError(f"{path}:{first_line}: a field may not be called {name!r} (the "
+                            f"reward function's own argument); rename it")
+    return [obj for _, obj in rows]
+
+
+def fields_of(rows: list[dict]) -> dict[str, list]:
+    """{field: one value per row} of prompt rows, "prompt" left out."""
+    return {k: [row[k] for row in rows] for k in rows[0] if k != "prompt"} if rows else {}
 
 
 def holdout_split(items: list, seed: int, fraction: float = 0.05):
@@ -114,9 +154,18 @@ def encode_example(tokenizer, prompt: str, response: str, block_size: int):
 
 
 def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
-    """Prompt ids, cut from the left to at most `max_len` tokens."""
+    """Prompt ids, cut from the left to at most `max_len` (> 0) tokens.
+
+    A prompt must have a token: the first response token is sampled from the logits at the
+    prompt's last one. A row with none would be sampled from a padding position, and the
+    packed scoring pass (packing.py) has no position before it at all, so its stored and
+    learn-time log-probs would differ."""
+    assert max_len > 0, f"no room for a prompt (max_len {max_len})"
     ids = tokenizer.encode(prompt)
-    return ids[-max_len:] if max_len > 0 else []
+    if not ids:
+        raise UserError(f"the prompt {prompt!r} encodes to no tokens; give every prompt at least "
+                        f"one word")
+    return ids[-max_len:]
 
 
 def left_pad(rows: list[list[int]], pad_id: int):

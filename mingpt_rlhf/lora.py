@@ -19,7 +19,9 @@ What the rest of the code relies on:
   with LoRA this *is* the reference policy: no second copy of the model is kept.
 - `merged_state_dict(model)`: the state dict with `W + (alpha / r) B A` written into `weight`
   and no adapter entries: what checkpoints hold as "model", so every later stage (and
-  sampling) reads a LoRA run like any other.
+  sampling) reads a LoRA run like any other. W is the float32 base as loaded, also when the
+  run holds it in bf16 (`runtime.hold_frozen_in` keeps a float32 copy on the CPU), so a
+  chain of LoRA stages never rounds the base.
 
 Try it:  python -c "from mingpt_rlhf.model import *; from mingpt_rlhf.lora import *; m=GPT(GPTConfig()); add_lora(m, 8, 16); print(sum(p.numel() for p in m.parameters() if p.requires_grad))"
 """
@@ -64,9 +66,10 @@ class LoRALinear(nn.Module):
 
     def merged_weight(self) -> torch.Tensor:
         """W + (alpha / r) B A, in float32, on the CPU: only a checkpoint needs it, and a GPU
-        need not hold a second float32 copy of every adapted weight while it is written."""
+        need not hold a second float32 copy of every adapted weight while it is written.
+        W is the base as loaded, not the copy held in bf16 for speed (`float32_base`)."""
         cpu = lambda t: t.detach().to("cpu", torch.float32)
-        return cpu(self.weight) + self.scale * (cpu(self.lora_B) @ cpu(self.lora_A))
+        return float32_base(self, "weight") + self.scale * (cpu(self.lora_B) @ cpu(self.lora_A))
 
 
 def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS) -> int:
@@ -123,13 +126,25 @@ def adapters_disabled(model: nn.Module):
             m.enabled = True
 
 
+def float32_base(module: nn.Module, name: str) -> torch.Tensor:
+    """`module`'s frozen `name` ("weight", "bias") in float32 on the CPU, as it was loaded:
+    the copy `runtime.hold_frozen_in` kept when it cast the tensor to bf16 / fp16, else the
+    tensor itself."""
+    kept = getattr(module, "float32_base", {})
+    return kept[name] if name in kept else getattr(module, name).detach().to("cpu", torch.float32)
+
+
 def merged_state_dict(model: nn.Module) -> dict:
     """The state dict of the model as if it had no adapters: each adapted `weight` replaced
-    by the merged one (float32, built on the CPU), `lora_A` / `lora_B` left out."""
-    merged = {f"{name}.weight" if name else "weight": module
+    by the merged one (float32, built on the CPU), `lora_A` / `lora_B` left out. Every
+    frozen tensor held in bf16 / fp16 (`hold_frozen_in`) is saved as loaded, in float32."""
+    prefix = lambda name: f"{name}." if name else ""
+    merged = {prefix(name) + "weight": module
               for name, module in model.named_modules() if isinstance(module, LoRALinear)}
+    kept = {prefix(name) + key: tensor for name, module in model.named_modules()
+            for key, tensor in getattr(module, "float32_base", {}).items()}
     # the other tensors are the model's own (no copy; the tied embedding stays one tensor)
-    return {k: merged[k].merged_weight() if k in merged else v
+    return {k: merged[k].merged_weight() if k in merged else kept.get(k, v)
             for k, v in model.state_dict().items() if not k.endswith(("lora_A", "lora_B"))}
 
 

@@ -16,7 +16,9 @@ lm-human-preferences / trl: one forward pass gives logits and values, and the lo
 policy + vf_coef * value).
 
 All models run with dropout off, so on the first minibatch of the first epoch the new
-log-probs equal the stored ones: ratio 1, approx-KL 0. That is PPO's first sanity check.
+log-probs equal the stored ones up to float rounding (the same weights, computed in another
+order: the sampler's cached steps or another batch's shapes): ratio 1 and approx-KL 0 to
+rounding, about 1e-7 in float32. That is PPO's first sanity check.
 The same `temperature` divides the logits when sampling and when computing log-probs, and
 PAD is excluded from both, or the stored log-probs would not be those of the policy that
 sampled ("negative KL").
@@ -33,6 +35,7 @@ tensors and refuse a CUDA generator).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -52,6 +55,39 @@ def trainable(module) -> list:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+def resolve_auto_options(cfg):
+    """A copy of `cfg` with every "auto" option replaced by its value, so that any caller of
+    PPOTrainer (train_ppo.py, a benchmark, your script) trains with the same values:
+
+    - actor_lr -1: 1e-4 with the task's own check as reward (`cfg.reward == "task"`), else
+      5e-5 (docs/rewards.md measured both);
+    - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo;
+    - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
+    - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise.
+
+    Refuses (ValueError) the std normalisation with the KL in the reward: in a group whose
+    scores are all equal the rewards differ only by beta x KL, and dividing by their std
+    would blow that noise up to advantages of +-1."""
+    algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
+    auto = {}
+    if cfg.actor_lr == -1:
+        auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") == "task" else 5e-5
+    if cfg.ptx_coef == -1:
+        auto["ptx_coef"] = 0.02 if algo == "ppo" else 0.0
+    if cfg.kl_in == "auto":
+        auto["kl_in"] = "loss" if algo == "grpo" and norm == "grpo" else "reward"
+    if cfg.reduction == "auto":
+        auto["reduction"] = {"ppo": "token", "rloo": "budget",
+                             "grpo": "budget" if norm == "dr" else "sequence"}[algo]
+    cfg = dataclasses.replace(cfg, **auto) if auto else cfg
+    if algo == "grpo" and norm == "grpo" and cfg.kl_in == "reward":
+        raise ValueError("--grpo_norm grpo divides by the group's reward std: with the KL in "
+                         "the reward, a group of equal scores would get its KL noise scaled to "
+                         "+-1 advantages; use --kl_in loss (the paper's pairing, the default "
+                         "with --grpo_norm grpo) or --grpo_norm dr")
+    return cfg
+
+
 class PPOTrainer:
     def __init__(self, cfg, actor, ref, reward_fn, critic=None, value_head=None,
                  eos_id: int | None = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None,
@@ -59,12 +95,18 @@ class PPOTrainer:
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
         `value_head` (shared: a heads.ScalarHead on the actor's trunk, float32), not both.
         `ref=None` with a LoRA actor: the reference is the actor with its adapters off.
-        `reward_fn(sequences, attention_mask, action_mask) -> (B,)` raw scores, called once
-        per rollout batch (rewards.py: the reward model, the task's check, a user function).
+        `reward_fn(sequences, attention_mask, action_mask, **fields) -> (B,)` raw scores,
+        called once per rollout batch, outside `amp()` (rewards.py: the reward model, the
+        task's check, a user function); its scores are clipped to +-`cfg.reward_clip` unless
+        it says `clipped = False` (a reward from code).
         `amp()` gives the mixed-precision context for forward passes. It must not span an
         optimizer step: autocast caches low-precision copies of the weights for as long as
         it is open, and they would go stale after the update. `dtype` is autocast's dtype
         (float16 turns on loss scaling)."""
+        cfg = resolve_auto_options(cfg)
+        if cfg.actor_lr <= 0 or cfg.ptx_coef < 0:  # a sentinel no one resolved, or a typo
+            raise ValueError(f"actor_lr must be > 0 and ptx_coef >= 0 (or -1 for auto), got "
+                             f"{cfg.actor_lr} and {cfg.ptx_coef}")
         if cfg.algo == "ppo":
             assert (critic is None) != (value_head is None), "give a critic or a value head"
         else:
@@ -90,10 +132,7 @@ class PPOTrainer:
         # is skipped; under autocast they differ by low-precision noise (module docstring)
         self.reuse_sampler_logprobs = dtype == torch.float32
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
-        self.kl_in = cfg.kl_in
-        self.reduction = cfg.reduction if cfg.reduction != "auto" else {
-            "ppo": "token", "rloo": "budget",
-            "grpo": "budget" if cfg.grpo_norm == "dr" else "sequence"}[cfg.algo]
+        self.kl_in, self.reduction = cfg.kl_in, cfg.reduction
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -178,11 +217,12 @@ class PPOTrainer:
                                 prompt_ids.size(1), cat("logprobs"), cat("entropy"), cat("hidden"))
 
     @torch.no_grad()
-    def make_experience(self, prompt_ids, prompt_mask, generator=None,
-                        for_update: bool = True) -> tuple[Experience, dict]:
+    def make_experience(self, prompt_ids, prompt_mask, generator=None, for_update: bool = True,
+                        fields: dict | None = None) -> tuple[Experience, dict]:
         """One rollout batch: sample with `generator` (on the model's device), then score.
         GRPO / RLOO batches hold groups of `group_size` rows with the same prompt; an eval
-        batch (`for_update=False`) need not, and gets no advantages."""
+        batch (`for_update=False`) need not, and gets no advantages. `fields` (name -> one
+        value per row) go to the reward function (rewards.py)."""
         cfg = self.cfg
         t0 = time.time()
         out = self.sample(prompt_ids, prompt_mask, generator, score=self.reuse_sampler_logprobs)
@@ -210,12 +250,17 @@ class PPOTrainer:
             val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
             parts.append((lp, ent, val, ref_lp))
         logprobs, entropy, values, ref_logprobs = (torch.cat(x) for x in zip(*parts))
-        with self.amp():  # one call per rollout batch: a reward computed by code sees all of it
-            raw = self.reward_fn(seqs, attn, action_mask).float()
+        # one call per rollout batch (a reward computed by code sees all of it), outside the
+        # policy's autocast (the reward model applies it itself, a user's scorer does not)
+        raw = self.reward_fn(seqs, attn, action_mask, **(fields or {})).float()
         logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
         values = values * action_mask
 
-        scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
+        scores = raw
+        # a reward model's scores are normalised, so +-reward_clip cuts only its outliers; a
+        # reward from code is used as returned (0 = off)
+        if cfg.reward_clip > 0 and getattr(self.reward_fn, "clipped", True):
+            scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
         if self.eos_id is None:  # a task without EOS: every response is complete
             ended = torch.ones_like(scores, dtype=torch.bool)
         else:
@@ -252,7 +297,7 @@ class PPOTrainer:
         }
         if cfg.algo == "ppo":
             stats["explained_var"] = explained_variance(values, returns, action_mask)
-        elif for_update:
+        elif for_update:  # ties of the scores, before the KL: the reward teaches them nothing
             stats["zero_groups"] = zero_group_fraction(scores, cfg.group_size)
         return exp, stats
 
@@ -370,8 +415,8 @@ class PPOTrainer:
         """Rollouts for each (prompt_ids, prompt_mask) batch, one update, KL coefficient update.
         `sample_gen` draws tokens (model's device), `shuffle_gen` orders minibatches (CPU)."""
         experiences, roll = [], []
-        for ids, mask in prompt_batches:
-            exp, stats = self.make_experience(ids, mask, sample_gen)
+        for ids, mask, *fields in prompt_batches:  # (ids, mask) or (ids, mask, fields)
+            exp, stats = self.make_experience(ids, mask, sample_gen, fields=fields[0] if fields else None)
             self.buffer.add(exp)
             experiences.append(exp)
             roll.append(stats)

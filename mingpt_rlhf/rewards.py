@@ -5,28 +5,44 @@
                                                        # reward, sort's exact match
     python train_ppo.py --reward my_reward.py:score    # your function (or package.module:score)
 
-Every source is a callable `reward(sequences, attention_mask, action_mask) -> (B,) float32`
-that PPOTrainer calls once per rollout batch, on the token ids (sequences and attention_mask
-(B, T + N), left-padded prompts then responses; action_mask (B, N), the response tokens up to
-and including EOS).
+Every source is a callable `reward(sequences, attention_mask, action_mask, **fields) -> (B,)
+float32` that PPOTrainer calls once per rollout batch, on the token ids (sequences and
+attention_mask (B, T + N), left-padded prompts then responses; action_mask (B, N), the
+response tokens up to and including EOS). `fields` are the extra columns of the prompts file,
+one value per row (below); the reward model ignores them.
 
 A reward computed by code sees text, not ids: `TextReward` decodes each prompt and each
 response (up to and including its EOS, which the word tokenizer writes as "<eos>" and GPT-2's
 BPE as "<|endoftext|>") and calls
 
-    function(prompts: list[str], responses: list[str]) -> list[float]     # one per response
+    function(prompts: list[str], responses: list[str], **fields) -> list[float]  # one per response
 
-once per rollout batch. What it returns is checked at once: a wrong type or length, a
-string, NaN or inf stop the run with one line naming the function and the batch (exit status
-2), and so does an exception raised inside the function; the last checkpoint stays as it was.
-A response that ends without EOS still gets --missing_eos_penalty instead of the function's
-opinion, as with the reward model (ppo_trainer.py).
+once per rollout batch. Every field of a `--prompts` JSONL row besides "prompt" (a reference
+answer, unit tests, ...) reaches the function as a keyword argument holding one value per
+response, in the order of `responses` (a GRPO group repeats its prompt's value); a function
+that does not name a field (and takes no **kwargs) is not given it.
+
+What the function returns is checked at once: any real numbers (Python, numpy, 0-d tensors),
+as a list or as an array or tensor of any shape holding exactly one number per response.
+A wrong count, a string, a bool, NaN or inf (also a finite number too large for float32)
+stop the run with one line naming the function and the batch (exit status 2), and so does an
+exception raised inside the function; the last checkpoint stays as it was. The function runs
+outside the policy's autocast: a torch scorer of yours computes in its own dtype (float32
+unless it says otherwise). A response that ends without EOS still gets --missing_eos_penalty
+instead of the function's opinion, as with the reward model (ppo_trainer.py).
+
+Clipping (`--reward_clip`) is for the reward model's scores only: they are normalised to mean
+0 and std 1, so +-5 only cuts outliers. A function's scores are used as returned (their scale
+is yours to choose): `TextReward.clipped` is False, and PPOTrainer clips only the scores of a
+reward whose `clipped` is True or unset.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-import math
+import inspect
+import numbers
 import os
 import sys
 
@@ -38,22 +54,32 @@ from .evaluate import decode_rows
 
 class ModelReward:
     """The frozen reward model's normalised score, in slices of `rows` (the activations of a
-    whole rollout batch of long sequences would set the iteration's peak memory)."""
+    whole rollout batch of long sequences would set the iteration's peak memory), under
+    `amp()` (the run's mixed precision)."""
 
-    def __init__(self, rm, rows: int):
-        self.rm, self.rows = rm, rows
+    def __init__(self, rm, rows: int, amp=contextlib.nullcontext):
+        self.rm, self.rows, self.amp = rm, rows, amp
 
-    def __call__(self, sequences, attention_mask, action_mask) -> torch.Tensor:
-        return torch.cat([self.rm(sequences[i:i + self.rows], attention_mask[i:i + self.rows]).float()
-                          for i in range(0, len(sequences), self.rows)])
+    def __call__(self, sequences, attention_mask, action_mask, **fields) -> torch.Tensor:
+        with self.amp():
+            return torch.cat([self.rm(sequences[i:i + self.rows], attention_mask[i:i + self.rows]).float()
+                              for i in range(0, len(sequences), self.rows)])
 
 
 class TextReward:
-    """A reward computed from decoded text by `function(prompts, responses) -> list[float]`."""
+    """A reward computed from decoded text by `function(prompts, responses, **fields)`."""
+    clipped = False  # --reward_clip is for the reward model's scores (module docstring)
 
     def __init__(self, function, name: str, tokenizer):
         self.function, self.name, self.tokenizer = function, name, tokenizer
-        self.batches = 0  # rollout batches scored so far (named in errors)
+        self.wanted = fields_taken(function)
+        # where the run is, named in errors; the script sets it ("iteration 12", "the eval at
+        # iteration 20"), and batches counts the rollout batches scored there
+        self.at, self.batches = "", 0
+
+    def begin(self, at: str) -> None:
+        """Name the phase of the run the next calls score (errors say it)."""
+        self.at, self.batches = at, 0
 
     def texts(self, sequences, attention_mask, action_mask) -> tuple[list[str], list[str]]:
         """(prompts, responses) decoded from a rollout batch (responses include their EOS)."""
@@ -61,12 +87,16 @@ class TextReward:
         return (decode_rows(self.tokenizer, sequences[:, :T], attention_mask[:, :T]),
                 decode_rows(self.tokenizer, sequences[:, T:], action_mask))
 
-    def __call__(self, sequences, attention_mask, action_mask) -> torch.Tensor:
+    def __call__(self, sequences, attention_mask, action_mask, **fields) -> torch.Tensor:
         prompts, responses = self.texts(sequences, attention_mask, action_mask)
         self.batches += 1
         where = f"reward function {self.name} on rollout batch {self.batches}"
+        where += f" of {self.at}" if self.at else ""
+        given = {k: v for k, v in fields.items() if self.wanted is None or k in self.wanted}
         try:
-            scores = self.function(prompts, responses)
+            # outside the policy's autocast: the user's code computes in its own dtype
+            with torch.autocast(sequences.device.type, enabled=False):
+                scores = self.function(prompts, responses, **given)
         except Exception as e:  # the user's code: one line, not a traceback from deep inside
             message = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise UserError(f"{where} raised {type(e).__name__}: {message}; fix the function "
@@ -76,11 +106,14 @@ class TextReward:
 
 
 def check_scores(scores, n: int, where: str) -> list[float]:
-    """`scores` as n finite floats, or a UserError that says what is wrong with them."""
-    if isinstance(scores, torch.Tensor):
-        scores = scores.detach().cpu().reshape(-1).tolist()
-    elif hasattr(scores, "tolist") and not isinstance(scores, (str, bytes)):  # numpy
-        scores = scores.tolist()
+    """`scores` as n floats finite in float32, or a UserError that says what is wrong.
+    Taken: a list or tuple of real numbers (Python's, numpy's, 0-d tensors), or a tensor or
+    numpy array of any shape holding exactly n numbers."""
+    if isinstance(scores, torch.Tensor) or (hasattr(scores, "shape") and hasattr(scores, "tolist")):
+        if getattr(scores, "dtype", None) in (torch.bool, bool) or str(getattr(scores, "dtype", "")) == "bool":
+            raise UserError(f"{where} returned booleans; return numbers (e.g. 1.0 / 0.0)")
+        scores = scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores
+        scores = scores.reshape(-1).tolist()  # an array or tensor: any shape, n numbers
     if isinstance(scores, (str, bytes)) or not isinstance(scores, (list, tuple)):
         raise UserError(f"{where} returned a {type(scores).__name__}; return a list of {n} "
                         f"floats, one per response")
@@ -89,12 +122,33 @@ def check_scores(scores, n: int, where: str) -> list[float]:
                         f"float per response, in order")
     out = []
     for i, s in enumerate(scores):
-        if isinstance(s, bool) or not isinstance(s, (int, float)):
+        if isinstance(s, torch.Tensor) and s.numel() == 1 and s.dtype != torch.bool:
+            s = s.item()  # a 0-d tensor
+        if isinstance(s, bool) or type(s).__name__ == "bool_" or not isinstance(s, numbers.Real):
             raise UserError(f"{where}: score {i} is a {type(s).__name__} ({s!r}); return numbers")
-        if not math.isfinite(s):
-            raise UserError(f"{where}: score {i} is {s}; return finite numbers (no NaN or inf)")
         out.append(float(s))
-    return out
+    # finite after the cast to the float32 the run computes in: 1e39 is inf there
+    as_float32 = torch.tensor(out, dtype=torch.float32)
+    bad = (~torch.isfinite(as_float32)).nonzero()
+    if len(bad):
+        i = bad[0].item()
+        raise UserError(f"{where}: score {i} is {out[i]}" + (" (inf in float32)" if out[i] == out[i]
+                        and abs(out[i]) != float("inf") else "") + "; return finite numbers (no NaN "
+                        "or inf, |score| < 3.4e38)")
+    return as_float32.tolist()
+
+
+def fields_taken(function) -> set | None:
+    """Keyword arguments `function` takes besides (prompts, responses): None when it takes
+    **kwargs (then every field is given), else the set of its other parameter names."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: give it no fields
+        return set()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return {p.name for p in params[len(positional[:2]):] if p.kind is not p.VAR_POSITIONAL}
 
 
 def load_function(spec: str):

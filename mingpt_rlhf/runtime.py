@@ -6,7 +6,8 @@
   precision. float16 also needs loss scaling, which `optim.Optimizer` does.
 - `hold_frozen_in(model, dtype)`: a frozen model (PPO's reference and reward model) keeps its
   Linear weights in the autocast dtype: half the memory, and exactly the numbers autocast
-  would have computed from float32 copies, since it casts them to that dtype anyway.
+  would have computed from float32 copies, since it casts them to that dtype anyway. A LoRA
+  base is held so too, with a float32 copy on the CPU for the merged checkpoint.
 - `lr_at(...)`: linear warm-up, then cosine or linear decay.
 - metrics.jsonl is written by `metrics.MetricsLog`.
 """
@@ -59,22 +60,40 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype,
+                   keep_float32_base: bool = True) -> torch.nn.Module:
     """Cast the frozen Linear weights and biases of `model` to `dtype` (in place).
 
     Under autocast to `dtype` this changes no result: autocast casts float32 Linear weights
     to `dtype` before every matmul. Embeddings and LayerNorms stay float32; the output layer
     shares the token embedding, so it stays float32 too (logits must be exact, model.py), and
-    so do the reward and value heads, which compute in float32 (heads.ScalarHead)."""
+    so do the reward and value heads, which compute in float32 (heads.ScalarHead).
+
+    A model with LoRA is saved too: its checkpoint holds the base plus the adapters
+    (lora.merged_state_dict), and a base rounded to bf16 there would be rounded again by each
+    later LoRA stage. So each tensor cast here first leaves a float32 copy on the CPU
+    (`float32_base`, read by the merge): the accelerator holds the base in `dtype` only, as
+    without LoRA, and the copy costs host memory (4 bytes a parameter: 340 MB for GPT-2
+    small's Linear layers), only on rank 0, the one that writes checkpoints.
+    `keep_float32_base=False` skips the copies, for a LoRA model whose merged weights are
+    never saved (PPO's critic)."""
     if dtype == torch.float32:
         return model
+    from .lora import has_lora
+    keep = keep_float32_base and has_lora(model) and is_main()
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     for m in model.modules():
         if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2 \
                 and not isinstance(m, torch.nn.Embedding) and id(m.weight) not in embeddings \
                 and not getattr(m, "keep_float32", False):  # scalar heads (heads.ScalarHead)
-            for p in (m.weight, getattr(m, "bias", None)):
+            for name in ("weight", "bias"):
+                p = getattr(m, name, None)
                 if p is not None and not p.requires_grad:
+                    if keep:
+                        if not hasattr(m, "float32_base"):
+                            m.float32_base = {}
+                        if name not in m.float32_base:  # a second call finds it rounded
+                            m.float32_base[name] = p.detach().to("cpu", torch.float32)
                     p.data = p.data.to(dtype)
     return model
 

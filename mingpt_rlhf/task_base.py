@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from .errors import UserError
+
 
 @dataclass
 class PreferencePair:
@@ -47,3 +49,30 @@ class BuiltinTask:
             rng = random.Random(f"{self.name}/{self.seed}/{kind}/{split}")
             self._cache[kind, split] = self._draw_data(kind, split, rng)
         return list(self._cache[kind, split])  # a copy, so a caller's shuffle cannot leak
+
+    def extra_eval_figures(self, prompts: list[str], responses: list[str]) -> dict:
+        """Figures of held-out responses beyond `gold` and `well_formed` (none here; the sort
+        task adds its accuracy on problems whose digits never occur in training)."""
+        return {}
+
+    def check_vocabulary(self, tokenizer, policy_from: str, fix: str = "") -> None:
+        """UserError when the policy from `policy_from` cannot read this task's text: its word
+        tokenizer (a policy of the other task, or of a file's words) has no id for some of the
+        task's words, which would all encode as <unk>: a sort problem given to a reviews
+        policy is "<unk> <unk> ...", and the check scores even the right answer 0. GPT-2's
+        byte-level BPE encodes any text, so a GPT-2 policy passes."""
+        unk = getattr(tokenizer, "unk_id", None)
+        if unk is None:  # no <unk> id: every text has its own tokens
+            return
+        unknown = [w for w in self.tokenizer().itos[3:] if tokenizer.encode(w) == [unk]]
+        if not unknown:
+            return
+        from .tasks import task_of_tokenizer
+        other = task_of_tokenizer(tokenizer)
+        trained_on = f"the task {other.name!r}" if other else "other words"
+        fix = fix or (f"train an SFT on --task {self.name} first (train_sft.py --task {self.name} "
+                      f"--out_dir out/{self.name}/sft) and pass that folder as --sft_dir")
+        words = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+        raise UserError(f"--task {self.name} has words that the tokenizer of the policy in "
+                        f"{policy_from} does not know ({words}; it was trained on {trained_on}); "
+                        f"{fix}")

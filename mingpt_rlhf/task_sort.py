@@ -10,8 +10,16 @@ answer. SFT copies the teacher, mistakes included, so the SFT policy's sampled a
 wrong about as often as the teacher's. RL against the check (`train_ppo.py --task sort
 --reward task`, no reward model) rewards only exact answers and can go past the teacher.
 
-- problems: 3 to 7 digits, 0-9, repeats allowed; the held-out problems (split "eval") never
-  appear in the training split, neither as demonstrations nor as RL prompts;
+- problems: 3 to 7 digits, 0-9, repeats allowed;
+- held out: 1000 problems (split "eval"; SFT evaluates on the first 500, RL on the first
+  200) from a stream of their own, the same whatever the run's seed, and never drawn by a
+  training split of any seed (demonstrations, pairs, RL prompts). Held out means the problem,
+  not its answer: 111 of the 200 RL eval problems have the digits of some training problem
+  of seed 1337 in another order, so the same answer (all those with 3 to 5 digits: there are
+  only 2,937 such multisets of digits, and training draws tens of thousands of problems).
+  So the digits of each held-out problem with 6 or 7 digits are reserved: training never
+  draws them, in any order (about 2 % of its draws are redrawn). Those 89 of the 200 are
+  `unseen`, and train_ppo.py logs `gold_unseen`, the accuracy on them, beside `gold`;
 - `check` / `gold_reward`: 1.0 if the response is exactly the sorted digits followed by
   "<eos>", else 0.0. Strict on purpose: a second answer after the first, a missing "<eos>",
   a digit too many, all score 0 (a lenient parser is a checker that gets hacked);
@@ -32,6 +40,8 @@ from .tokenizer import EOS, WordTokenizer
 DIGITS = [str(d) for d in range(10)]
 VOCAB = ["sort", ":"] + DIGITS
 MIN_LEN, MAX_LEN = 3, 7
+N_HELD_OUT = 1000    # held-out problems: the eval splits take the first n (500 SFT, 200 RL)
+UNSEEN_MIN_LEN = 6   # held-out problems this long reserve their digits (see SortTask)
 
 
 class SortTask(BuiltinTask):
@@ -47,15 +57,17 @@ class SortTask(BuiltinTask):
                       ("pairs", "train"): n_pairs_train, ("pairs", "eval"): n_pairs_eval,
                       ("prompts", "train"): n_prompts_train, ("prompts", "eval"): n_prompts_eval}
         self._cache = {}
-        # the held-out problems: drawn first, from their own stream, and kept out of "train"
-        rng = random.Random(f"sort/{seed}/held_out")
-        n_eval = max(n_sft_eval, n_pairs_eval, n_prompts_eval)
+        # the held-out problems: from a stream of their own that no seed names, so that every
+        # run (an SFT with seed 1337, PPO with seed 0) evaluates on the same problems and
+        # none of them trains on one
+        rng = random.Random("sort/held_out")
         self._held_out = []
-        while len(self._held_out) < n_eval:
+        while len(self._held_out) < N_HELD_OUT:
             problem = self._draw(rng)
             if problem not in self._held_out:
                 self._held_out.append(problem)
         self._held_out_set = set(self._held_out)
+        self._reserved = {tuple(sorted(p)) for p in self._held_out if len(p) >= UNSEEN_MIN_LEN}
 
     def tokenizer(self) -> WordTokenizer:
         return WordTokenizer(VOCAB)
@@ -88,8 +100,21 @@ class SortTask(BuiltinTask):
     def _draw_train(self, rng: random.Random) -> tuple:
         while True:
             problem = self._draw(rng)
-            if problem not in self._held_out_set:
+            if problem not in self._held_out_set and tuple(sorted(problem)) not in self._reserved:
                 return problem
+
+    def unseen(self, prompt: str) -> bool:
+        """True for a held-out problem whose digits, in any order, no training split of any
+        seed holds: its answer was never shown. (Most held-out problems have the digits of
+        some training problem in another order, and so the same answer.)"""
+        digits = self._digits(prompt)
+        return digits is not None and tuple(sorted(map(int, digits))) in self._reserved
+
+    def extra_eval_figures(self, prompts: list[str], responses: list[str]) -> dict:
+        """{"gold_unseen": exact-match accuracy on the `unseen` prompts}, if any: what the
+        policy does on answers it never saw, beside `gold` on all held-out prompts."""
+        golds = [self.gold_reward(p, r) for p, r in zip(prompts, responses) if self.unseen(p)]
+        return {"gold_unseen": sum(golds) / len(golds)} if golds else {}
 
     @staticmethod
     def prompt_of(problem) -> str:

@@ -1,5 +1,6 @@
 """GRPO, Dr. GRPO and RLOO: advantages and losses against hand computations, then learning."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -111,7 +112,8 @@ def test_first_minibatch_has_ratio_one_and_no_kl_loss(algo, kl_in):
     tr = make_trainer(Cfg(algo=algo, group_size=4, kl_in=kl_in), critic_free=True)
     exp, stats = tr.make_experience(*grouped_prompts(4, 4), torch.Generator().manual_seed(0))
     # float32: the actor's log-probs are the sampler's, the reference's a full pass: equal to rounding
-    assert abs(stats["kl"]) < 1e-5 and 0.0 <= stats["zero_groups"] <= 1.0
+    assert abs(stats["kl"]) < 1e-5
+    assert stats["zero_groups"] == zero_group_fraction(exp.scores, 4)  # the scores' ties, before the KL
     # every token of a response carries its response's advantage
     adv = exp.advantages
     per_resp = adv.sum(-1) / exp.action_mask.sum(-1)
@@ -143,7 +145,7 @@ def test_grpo_kl_loss_is_k3_of_the_new_policy_against_the_reference():
     assert out["kl_loss"] > 0
 
 
-@pytest.mark.parametrize("algo,norm,kl_in", [("grpo", "grpo", "loss"), ("grpo", "grpo", "reward"),
+@pytest.mark.parametrize("algo,norm,kl_in", [("grpo", "grpo", "loss"), ("grpo", "dr", "loss"),
                                              ("grpo", "dr", "reward"), ("rloo", "grpo", "reward")])
 def test_critic_free_methods_raise_a_trivial_reward(algo, norm, kl_in):
     """+1 per occurrence of token 5 (as the PPO learning test): 16 prompts x 4 samples."""
@@ -156,3 +158,43 @@ def test_critic_free_methods_raise_a_trivial_reward(algo, norm, kl_in):
         _, stats = tr.step([batch], g)
         rewards.append(stats["rm_score"])
     assert rewards[-1] > rewards[0] + 1.0, rewards
+
+
+# ----------------------------------------------------------------------------- GRPO's std and the KL
+def test_the_std_normalisation_with_the_kl_in_the_reward_is_refused():
+    """In a group whose scores tie, rewards = score - beta x KL differ by KL noise only; the
+    group's std would scale that noise to advantages of +-1. The std goes with the KL in the
+    loss (auto picks it); asking for the KL in the reward is refused."""
+    from mingpt_rlhf.ppo_trainer import resolve_auto_options
+    with pytest.raises(ValueError, match="--kl_in loss"):
+        make_trainer(Cfg(algo="grpo", group_size=4, grpo_norm="grpo", kl_in="reward"), critic_free=True)
+    assert resolve_auto_options(Cfg(algo="grpo", grpo_norm="grpo", kl_in="auto")).kl_in == "loss"
+    assert resolve_auto_options(Cfg(algo="grpo", grpo_norm="dr", kl_in="auto")).kl_in == "reward"
+    assert resolve_auto_options(Cfg(algo="rloo", grpo_norm="grpo", kl_in="auto")).kl_in == "reward"
+
+
+def test_a_group_of_equal_scores_gets_zero_advantage_with_the_std_and_the_kl_in_the_loss():
+    """The case that made the pairing matter: every answer scores the same, the KLs differ.
+    With the KL in the loss the group's advantages are exactly 0 (and it counts in
+    zero_groups); Dr. GRPO with the KL in the reward gives it the KL penalty's own small
+    advantages, -beta x (KL_i - mean KL), not a +-1 rescaling of them."""
+    def constant(sequences, attention_mask, action_mask, **fields):
+        return torch.full((len(sequences),), 0.5)
+    ids, mask = grouped_prompts(2, 4)
+    # every response scores 0.5, ended or not
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, grpo_norm="grpo", kl_in="auto",
+                          missing_eos_penalty=0.5), critic_free=True)
+    tr.reward_fn = constant
+    tr.step([grouped_prompts(2, 4, seed=3)], torch.Generator().manual_seed(0),
+            torch.Generator().manual_seed(1))  # moves the policy off the reference: KLs differ
+    exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(2))
+    assert (exp.ref_logprobs != exp.logprobs).any() and stats["zero_groups"] == 1.0
+    assert (exp.advantages == 0).all()
+    tr.cfg = replace(tr.cfg, grpo_norm="dr")
+    tr.kl_in = "reward"
+    exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(2))
+    kl = ((exp.logprobs - exp.ref_logprobs) * exp.action_mask).sum(-1).view(-1, 4)
+    expected = -tr.kl_ctl.value * (kl - kl.mean(-1, keepdim=True))
+    per_resp = (exp.advantages.sum(-1) / exp.action_mask.sum(-1)).view(-1, 4)
+    torch.testing.assert_close(per_resp, expected)
+    assert per_resp.abs().max() < 0.1  # small, as the KL penalty is: nothing scaled it up
