@@ -23,7 +23,8 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
-minibatch_steps, t_generate, t_score, t_learn; eval lines with gold, rm_score, well_formed, kl, distinct2).
+minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; eval lines with gold,
+rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen).
 """
 from __future__ import annotations
 
