@@ -67,12 +67,9 @@ class BuiltinTask:
         unknown = [w for w in self.tokenizer().itos[3:] if tokenizer.encode(w) == [unk]]
         if not unknown:
             return
-        from .tasks import task_of_tokenizer
-        other = task_of_tokenizer(tokenizer)
-        trained_on = f"the task {other.name!r}" if other else "other words"
         fix = fix or (f"train an SFT on --task {self.name} first (train_sft.py --task {self.name} "
                       f"--out_dir out/{self.name}/sft) and pass that folder as --sft_dir")
         words = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
         raise UserError(f"--task {self.name} has words that the tokenizer of the policy in "
-                        f"{policy_from} does not know ({words}; it was trained on {trained_on}); "
+                        f"{policy_from} does not know ({words}: it was trained on other words); "
                         f"{fix}")

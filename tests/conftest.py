@@ -1,8 +1,12 @@
+import dataclasses
+import importlib
 import os
+import shutil
 
 import pytest
 import torch
 
+from mingpt_rlhf import cli
 from mingpt_rlhf.model import GPT, GPTConfig
 
 # the training scripts draw their curves at the end when matplotlib is installed; the tests run
@@ -30,10 +34,40 @@ def left_pad(rows, pad_id=0):
     return ids, mask
 
 
+def exits_2(capsys, script, argv) -> str:
+    """Run `script` (a module name: train_sft, sample, ...) with `argv` in this process, through
+    `cli.run` as `python script.py argv` does; assert exit status 2 with one `error:` line;
+    return that line."""
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(module.main, module.Config, argv)
+    err = capsys.readouterr().err.strip()
+    # progress bars (tqdm's "%|") may stand before the error, as they do in a terminal
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    assert exit_info.value.code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def as_options(cfg, **override) -> list[str]:
+    """A script's Config as the command line that builds it: `--name value` for each field
+    that differs from the default (then `override`), for runs that torchrun starts."""
+    default = type(cfg)()
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+              if getattr(cfg, f.name) != getattr(default, f.name)}
+    return [x for k, v in {**fields, **override}.items() for x in (f"--{k}", str(v))]
+
+
+# ---- runs that several tests read (never write): each is trained once per session ----------
+# A test that changes a run's folder (resumes it, edits its checkpoint) copies it first.
+
 @pytest.fixture(scope="session")
 def stages(tmp_path_factory):
     """A tiny SFT run and the RM trained from it, shared read-only by the script tests:
-    (root folder holding sft/ and rm/, SFT summary, RM summary)."""
+    (root folder holding sft/ and rm/, SFT summary, RM summary). They are also the
+    uninterrupted runs that the resume tests of tests/test_scripts.py compare against, and the
+    one-process runs of tests/test_distributed.py's SFT check."""
     import train_rm
     import train_sft
     from test_scripts import rm_cfg, sft_cfg
@@ -41,3 +75,45 @@ def stages(tmp_path_factory):
     sft = train_sft.main(sft_cfg(root / "sft"))
     rm = train_rm.main(rm_cfg(root / "rm", root / "sft"))
     return root, sft, rm
+
+
+@pytest.fixture(scope="session")
+def ppo_run(stages, tmp_path_factory):
+    """test_scripts.ppo_cfg's run (PPO, separate critic, 4 iterations) from `stages`, straight
+    through: (folder, summary). The PPO smoke test, the resume tests' uninterrupted run and
+    sample.py's tests read it."""
+    import train_ppo
+    from test_scripts import ppo_cfg
+    root = stages[0]
+    out = tmp_path_factory.mktemp("ppo") / "straight"
+    return out, train_ppo.main(ppo_cfg(out, root / "sft", root / "rm"))
+
+
+@pytest.fixture(scope="session")
+def rm_unnormalised(stages, tmp_path_factory):
+    """test_scripts.rm_cfg's run without the score normalisation (--norm_samples 0), whose
+    training every process count and accumulation must reproduce: (folder, its Config)."""
+    import train_rm
+    from test_scripts import rm_cfg
+    out = tmp_path_factory.mktemp("rm_unnormalised") / "rm"
+    cfg = rm_cfg(out, stages[0] / "sft", norm_samples=0)
+    train_rm.main(cfg)
+    return out, cfg
+
+
+@pytest.fixture(scope="session")
+def dpo_run(stages, tmp_path_factory):
+    """test_scripts.dpo_cfg's run (eval samples scored by the shared RM), straight through:
+    (folder, its Config, summary). The DPO resume test and the two-process DPO check read it."""
+    import train_dpo
+    from test_scripts import dpo_cfg
+    root = stages[0]
+    out = tmp_path_factory.mktemp("dpo") / "straight"
+    cfg = dpo_cfg(out, root / "sft", rm_dir=str(root / "rm"))
+    return out, cfg, train_dpo.main(cfg)
+
+
+def copy_run(folder, to):
+    """A private copy of a shared run's folder, for a test that resumes or edits it."""
+    shutil.copytree(folder, to)
+    return to

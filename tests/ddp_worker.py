@@ -4,6 +4,12 @@
 
     torchrun --nproc_per_node 2 tests/ddp_worker.py grad OUT -
 
+    torchrun --nproc_per_node 2 tests/ddp_worker.py jobs JOBS.json
+
+The last form runs a list of jobs, each [MODE, OUT, SCRIPT, options...], one after the other
+in the same two processes: starting Python and torch in three processes costs more than a
+tiny run, so the tests launch once for many runs.
+
 MODE
   run        call SCRIPT's main with the options (what `python SCRIPT.py` does)
   grad       no script: the gradients of one PPO minibatch step (`minibatch_gradients`) in
@@ -18,7 +24,14 @@ MODE
              its own share, not the whole rollout batch's).
 
 In every mode but kill, the worker then exits with status 4 if gloo's threads are still
-running: the script's end must release the process group (see distributed.setup).
+running: the script's end must release the process group (see distributed.setup). In a list
+of jobs a killed run ends in this process (its exception is caught) and the next job goes
+on; the process group is joined by the first job and kept for the next ones (gloo cannot
+join again in the same process). So that each script is still seen to join and leave it
+itself, a job's calls to its `setup` and to destroy_process_group are recorded (the latter
+instead of done), and the worker exits with status 4 where a script made no `setup` call,
+or, unless it was killed, no destroy call. After the last job the group is left for real and
+gloo's threads must end.
 """
 import importlib
 import json
@@ -118,16 +131,22 @@ def gloo_threads() -> list[str]:
     return [n for n in names if "gloo" in n]
 
 
-def main():
-    mode, out, script, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+def run_job(mode, out, script, argv) -> bool:
+    """One job: False when it was a killed run (it ended at its first checkpoint)."""
+    os.makedirs(out, exist_ok=True)
     if mode == "grad":
         distributed.setup(torch.device("cpu"))
         grads = {setting: minibatch_gradients(setting) for setting in SETTINGS}
         torch.save(grads, os.path.join(out, f"rank{distributed.rank()}.pt"))
         distributed.shutdown()
-        return
+        return True
     module = importlib.import_module(script)
     record = {"first_minibatch": None, "whiten": [], "minibatch_steps": [], "generate_rows": 0}
+    patched = []  # (owner, name, original): put back after the job
+
+    def patch(owner, name, value):
+        patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
 
     if mode == "kill":
         real = module.save_checkpoint
@@ -135,7 +154,7 @@ def main():
         def save_then_die(path, state):
             real(path, state)
             raise Killed()
-        module.save_checkpoint = save_then_die
+        patch(module, "save_checkpoint", save_then_die)
 
     if mode == "ppo_probe":
         real_loss, real_whiten, real_learn = (ppo_trainer.policy_loss, ppo_trainer.masked_whiten,
@@ -167,24 +186,76 @@ def main():
         def generate(model, prompt_ids, *args, **kwargs):
             record["generate_rows"] = max(record["generate_rows"], len(prompt_ids))
             return real_generate(model, prompt_ids, *args, **kwargs)
-        ppo_trainer.policy_loss, ppo_trainer.masked_whiten = policy_loss, masked_whiten
-        ppo_trainer.PPOTrainer.learn, ppo_trainer.generate = learn, generate
+        for name, value in (("policy_loss", policy_loss), ("masked_whiten", masked_whiten),
+                            ("generate", generate)):
+            patch(ppo_trainer, name, value)
+        patch(ppo_trainer.PPOTrainer, "learn", learn)
 
     try:
         cli.run(module.main, module.Config, argv)
     except Killed:
-        sys.exit(3)
+        return False
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+    if mode == "ppo_probe":
+        with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+            json.dump(record, f)
+    return True
+
+
+def require_released(what: str) -> None:
+    """Exit with status 4 if gloo's threads outlive the process group."""
     for _ in range(20):  # a joined thread may linger in /proc for a moment
         left = gloo_threads()
         if not left:
             break
         time.sleep(0.05)
     if left:  # the process group outlived the run: torn down at exit, racing the other rank
-        print(f"process group still alive after {script} returned: threads {left}", file=sys.stderr)
+        print(f"process group still alive after {what} returned: threads {left}", file=sys.stderr)
         sys.exit(4)
-    if mode == "ppo_probe":
-        with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-            json.dump(record, f)
+
+
+def run_jobs(jobs: list) -> None:
+    """Each job in turn over one process group (see the module docstring)."""
+    import torch.distributed as dist
+    real_destroy, released = dist.destroy_process_group, []
+    dist.destroy_process_group = lambda *args, **kwargs: released.append(True)
+    try:
+        for i, (mode, out, script, *argv) in enumerate(jobs):
+            released.clear()
+            print(f"job {i}: {mode} {script} -> {out}", file=sys.stderr, flush=True)
+            joined = []
+            if mode != "grad":  # a script: its own call to distributed.setup, recorded
+                module = importlib.import_module(script)
+                real_setup = module.setup
+                module.setup = lambda *a, **k: joined.append(True) or real_setup(*a, **k)
+            try:
+                finished = run_job(mode, out, script, argv)
+            finally:
+                if mode != "grad":
+                    module.setup = real_setup
+            if mode != "grad" and not joined:
+                print(f"job {i} ({script}) never called distributed.setup", file=sys.stderr)
+                sys.exit(4)
+            if finished and not released:
+                print(f"job {i} ({script}) returned without leaving the process group",
+                      file=sys.stderr)
+                sys.exit(4)
+    finally:
+        dist.destroy_process_group = real_destroy
+    distributed.shutdown()
+    require_released(f"the last of {len(jobs)} jobs")
+
+
+def main():
+    if sys.argv[1] == "jobs":
+        with open(sys.argv[2]) as f:
+            return run_jobs(json.load(f))
+    mode, out, script, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    if not run_job(mode, out, script, argv):
+        sys.exit(3)  # killed
+    require_released(script)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,10 @@ names the problem (and the fix), never a traceback.
 
 The table runs each script's entry point in this process (`cli.run`, what `python X.py` calls),
 so a case is cheap; anything but a one-line `error:` and status 2 fails the test, and an
-unexpected exception fails it with its traceback. `test_scripts.py` and `test_sample.py` run a
-few of the same mistakes through real subprocesses.
+unexpected exception fails it with its traceback. `test_scripts.py` runs each script once as
+a real program (`python X.py`, a subprocess) with a mistake of this kind.
 """
 import errno
-import importlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 import train_sft
+from conftest import exits_2
 from mingpt_rlhf import checkpoint, cli, runtime
 from test_scripts import sft_cfg
 
@@ -68,20 +68,6 @@ def world(tmp_path_factory, stages):
     return root
 
 
-def exits_2(capsys, script, argv) -> str:
-    """Run `script` with `argv`; assert exit status 2 with one `error:` line; return that line."""
-    module = importlib.import_module(script)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(module.main, module.Config, argv)
-    err = capsys.readouterr().err.strip()
-    # progress bars (tqdm's "%|") may stand before the error, as they do in a terminal
-    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
-    assert exit_info.value.code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error:"), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
 def W(path):  # a path in the test's world, filled in per case
     return ("world", path)
 
@@ -97,7 +83,7 @@ CASES = [
     ("train_sft", ["--n_embd", "30", "--n_head", "4"], ["--n_embd"]),
     ("train_sft", ["--dtype", "float8"], ["--dtype"]),
     ("train_sft", ["--device", "tpu"], ["--device"]),
-    ("train_sft", ["--device", "cuda"], ["cuda"]),
+    ("train_sft", ["--device", "cuda"], ["cuda"]),  # on a machine without CUDA (see the test)
     ("train_sft", ["--task", "poems"], ["poems"]),
     ("train_sft", ["--eval_prompts", "-1"], ["--eval_prompts"]),
     ("train_sft", ["--warmup_iters", "-5"], ["--warmup_iters"]),
@@ -208,7 +194,11 @@ def command_line(world, tmp_path, script, argv):
 @pytest.mark.parametrize("script,argv,words", CASES,
                          ids=[f"{s}:{' '.join(a if isinstance(a, str) else a[1] for a in v)}"
                               for s, v, _ in CASES])
-def test_a_user_mistake_exits_2_with_one_line(world, tmp_path, capsys, script, argv, words):
+def test_a_user_mistake_exits_2_with_one_line(world, tmp_path, capsys, monkeypatch, script, argv,
+                                              words):
+    # the table is what a machine without a CUDA GPU answers (`--device cuda` is a mistake
+    # there, and `--device auto` means the CPU); on a GPU machine too
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     line = exits_2(capsys, script, command_line(world, tmp_path, script, argv))
     for word in words:
         assert word in line, line

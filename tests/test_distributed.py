@@ -3,28 +3,36 @@ numbers as one process with the whole batch, statistics over the whole batch, ra
 exact resume after a kill.
 
 `torchrun` starts the processes (tests/ddp_worker.py calls the script's main, with probes).
+Starting Python and torch in three processes costs more than these tiny runs, so one launch
+(the `launched` fixture) runs every job of this module in turn, and the tests read what each
+left; only the resume after a kill starts processes of its own. The one-process runs they
+are compared with are the shared runs of tests/conftest.py.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from conftest import as_options
 from mingpt_rlhf.ppo import masked_whiten
-from test_scripts import ROOT, TINY
+from test_scripts import ROOT, sft_cfg
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
 
 def torchrun(mode, out, script, *args, nproc=2, expect=0):
-    """Run tests/ddp_worker.py MODE OUT SCRIPT args under torchrun; returns the result."""
-    os.makedirs(out, exist_ok=True)
+    """Run tests/ddp_worker.py MODE OUT SCRIPT args under torchrun; returns the result.
+    (mode "jobs": OUT is a JSON file of jobs, SCRIPT and args are not given.)"""
+    os.makedirs(out if mode != "jobs" else os.path.dirname(out), exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MINGPT_RLHF_PLOT": "0"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-         os.path.join(ROOT, "tests", "ddp_worker.py"), mode, str(out), script, *map(str, args)],
+         os.path.join(ROOT, "tests", "ddp_worker.py"), mode, str(out),
+         *([script] if script else []), *map(str, args)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -32,6 +40,41 @@ def torchrun(mode, out, script, *args, nproc=2, expect=0):
 
 def options(**kw):
     return [x for k, v in kw.items() for x in (f"--{k}", v)]
+
+
+PPO = dict(max_iters=2, rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, eval_interval=2,
+           eval_prompts=16, max_new_tokens=24)
+
+
+def resume_run(root):
+    """The PPO run that test_a_killed_ppo_run_under_torchrun_resumes_exactly kills and resumes."""
+    return dict(sft_dir=root / "sft", rm_dir=root / "rm", **{**PPO, "max_iters": 4})
+
+
+@pytest.fixture(scope="module")
+def launched(stages, rm_unnormalised, dpo_run, tmp_path_factory):
+    """One torchrun launch of 2 processes that runs each test's job in turn (ddp_worker.py
+    jobs): the folder that holds every job's OUT, named after the job."""
+    root, out = stages[0], tmp_path_factory.mktemp("torchrun")
+    (rm_dir, rm_config), (_, dpo_config, _) = rm_unnormalised, dpo_run
+    sft = sft_cfg(root / "sft")  # the shared one-process runs: batch 16; here 8 per process
+    jobs = [
+        ["run", out, "train_sft", *as_options(sft, out_dir=out / "sft", batch_size=8)],
+        ["run", out, "train_rm", *as_options(rm_config, out_dir=out / "rm", batch_size=8)],
+        ["run", out, "train_dpo", *as_options(dpo_config, out_dir=out / "dpo", batch_size=8)],
+        ["run", out, "train_ppo", *options(out_dir=out / "grpo", sft_dir=root / "sft",
+                                           rm_dir=root / "rm", algo="grpo", group_size=4, **PPO)],
+        ["run", out, "train_ppo", *options(out_dir=out / "straight", **resume_run(root))],
+        ["kill", out, "train_ppo", *options(out_dir=out / "killed", **resume_run(root))],
+        ["grad", out / "grad", "-"],
+        ["ppo_probe", out / "probe", "train_ppo", *options(
+            out_dir=out / "probe" / "ppo", sft_dir=root / "sft", rm_dir=root / "rm",
+            target_kl=1e-3, **PPO)],
+    ]
+    with open(out / "jobs.json", "w") as f:
+        json.dump([[str(x) for x in job] for job in jobs], f)
+    torchrun("jobs", out / "jobs.json", None)
+    return out
 
 
 def metrics(run_dir, key):
@@ -49,55 +92,40 @@ def assert_same_weights(a, b, atol, skip=()):
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
 
 
-SFT = dict(**TINY, max_iters=20, eval_interval=10, eval_prompts=16, warmup_iters=2)
-
-
-def test_sft_on_two_processes_equals_one_process_with_twice_the_batch(tmp_path):
-    import train_sft
-    train_sft.main(train_sft.Config(out_dir=str(tmp_path / "one"), batch_size=16, **SFT))
-    torchrun("run", tmp_path, "train_sft", *options(out_dir=tmp_path / "two", batch_size=8, **SFT))
+def test_sft_on_two_processes_equals_one_process_with_twice_the_batch(stages, launched):
+    single = stages[0] / "sft"  # the shared run of sft_cfg: batch 16 on one process
+    assert sft_cfg(single).batch_size == 16
     for key in ("loss", "eval_loss"):
-        one, two = metrics(tmp_path / "one", key), metrics(tmp_path / "two", key)
+        one, two = metrics(single, key), metrics(launched / "sft", key)
         assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 2
         for (_, a), (_, b) in zip(one, two):
             assert a == pytest.approx(b, abs=2e-5), key
-    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"), atol=2e-5)
+    assert_same_weights(weights(single), weights(launched / "sft"), atol=2e-5)
 
 
-def test_rm_and_dpo_on_two_processes_equal_one_process(stages, tmp_path):
-    import train_dpo
-    import train_rm
-    root = stages[0]
-    rm = dict(sft_dir=root / "sft", n_pairs=160, eval_interval=5, norm_samples=0)
-    train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm1"), batch_size=16, **rm))
-    torchrun("run", tmp_path, "train_rm", *options(out_dir=tmp_path / "rm2", batch_size=8, **rm))
-    dpo = dict(sft_dir=root / "sft", n_pairs=160, eval_interval=4, eval_prompts=16)
-    train_dpo.main(train_dpo.Config(out_dir=str(tmp_path / "dpo1"), batch_size=16,
-                                    **{k: str(v) if k == "sft_dir" else v for k, v in dpo.items()}))
-    torchrun("run", tmp_path, "train_dpo", *options(out_dir=tmp_path / "dpo2", batch_size=8, **dpo))
-    for one, two, key in (("rm1", "rm2", "loss"), ("rm1", "rm2", "acc"), ("dpo1", "dpo2", "loss"),
-                          ("dpo1", "dpo2", "reward_acc")):
-        a, b = metrics(tmp_path / one, key), metrics(tmp_path / two, key)
+def test_rm_and_dpo_on_two_processes_equal_one_process(rm_unnormalised, dpo_run, launched):
+    # the one-process runs are shared (tests/conftest.py): batch 16; two processes take 8 each
+    rm1, rm_config = rm_unnormalised
+    dpo1, dpo_config, _ = dpo_run  # its eval samples are scored by the RM on rank 0 alone
+    assert rm_config.batch_size == dpo_config.batch_size == 16 and rm_config.norm_samples == 0
+    rm2, dpo2 = launched / "rm", launched / "dpo"
+    for one, two, key in ((rm1, rm2, "loss"), (rm1, rm2, "acc"), (dpo1, dpo2, "loss"),
+                          (dpo1, dpo2, "reward_acc")):
+        a, b = metrics(one, key), metrics(two, key)
         assert len(a) == len(b) >= 1
         for (sa, va), (sb, vb) in zip(a, b):
             assert sa == sb and va == pytest.approx(vb, abs=2e-5), (one, key)
     # the pairwise loss does not change when every score shifts by one constant, which is what
     # these two tensors do: their gradient is rounding noise, and Adam turns noise into steps of
     # about lr, of either sign. Every other tensor must agree.
-    assert_same_weights(weights(tmp_path / "rm1"), weights(tmp_path / "rm2"), atol=2e-5,
+    assert_same_weights(weights(rm1), weights(rm2), atol=2e-5,
                         skip=("head.bias", "gpt.transformer.ln_f.bias"))
-    assert_same_weights(weights(tmp_path / "dpo1"), weights(tmp_path / "dpo2"), atol=2e-5)
+    assert_same_weights(weights(dpo1), weights(dpo2), atol=2e-5)
 
 
-PPO = dict(max_iters=2, rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, eval_interval=2,
-           eval_prompts=16, max_new_tokens=24)
-
-
-def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_path):
-    root = stages[0]
-    torchrun("ppo_probe", tmp_path, "train_ppo", *options(
-        out_dir=tmp_path / "ppo", sft_dir=root / "sft", rm_dir=root / "rm", target_kl=1e-3, **PPO))
-    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(launched):
+    probe = launched / "probe"  # the ppo_probe job: target_kl 1e-3, PPO's options
+    ranks = [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
     # dropout off, same weights: the first minibatch's policy is the sampler. Equal up to
     # float32 rounding, not bit for bit: scoring ran on another number of rows than the
     # minibatch, and on some CPUs (AVX-512 here) the matmul then blocks its sums differently
@@ -122,24 +150,23 @@ def test_ppo_on_two_processes_whitens_over_both_and_stays_in_step(stages, tmp_pa
     full = PPO["ppo_epochs"] * PPO["rollout_batch_size"] // PPO["minibatch_size"]
     assert all(n < full for n in steps[0])  # it did stop
     # logged means are over both ranks; the generated tokens (a cost) are their sum
-    for (_, tokens), (_, length) in zip(metrics(tmp_path / "ppo", "gen_tokens"),
-                                        metrics(tmp_path / "ppo", "resp_len")):
+    for (_, tokens), (_, length) in zip(metrics(probe / "ppo", "gen_tokens"),
+                                        metrics(probe / "ppo", "resp_len")):
         assert tokens == pytest.approx(length * PPO["rollout_batch_size"], rel=1e-4)
-    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    a, b = (torch.load(probe / f"rank{r}.pt") for r in range(2))
     for k in a:  # gradients averaged: both copies took the same steps
         assert torch.equal(a[k], b[k]), k
     # rank 0 evaluates alone: in batches of its share, the memory a training rollout takes
     assert ranks[0]["generate_rows"] == PPO["rollout_batch_size"] // 2
 
 
-def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(tmp_path):
+def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(launched):
     """Token means under torchrun: rank 0 holds responses of 1 and 2 tokens, rank 1 two of 6.
     Each rank dividing by its own count would weigh rank 0's 3 tokens as much as rank 1's 12;
     the gradient must be that of one process with the whole minibatch: policy, value,
     entropy and the k3 KL term alike."""
     from ddp_worker import SETTINGS, minibatch_gradients
-    torchrun("grad", tmp_path, "-")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = [torch.load(launched / "grad" / f"rank{r}.pt") for r in range(2)]  # the grad job
     for setting in SETTINGS:
         one = minibatch_gradients(setting)
         assert set(one) == set(ranks[0][setting]) and len(one) > 4
@@ -149,12 +176,8 @@ def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(tmp_path
             assert torch.equal(ranks[0][setting][k], ranks[1][setting][k])
 
 
-def test_grpo_groups_stay_whole_on_one_process(stages, tmp_path):
-    root = stages[0]
-    torchrun("run", tmp_path, "train_ppo", *options(
-        out_dir=tmp_path / "grpo", sft_dir=root / "sft", rm_dir=root / "rm", algo="grpo",
-        group_size=4, **PPO))
-    ckpt = torch.load(tmp_path / "grpo" / "ckpt.pt", weights_only=False)
+def test_grpo_groups_stay_whole_on_one_process(launched):
+    ckpt = torch.load(launched / "grpo" / "ckpt.pt", weights_only=False)
     assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2  # each rank's random streams
 
 
@@ -171,15 +194,17 @@ def test_each_process_gets_whole_groups_or_the_run_is_refused():
                                                     rollout_batch_size=12, minibatch_size=4), 2)
 
 
-def test_a_killed_ppo_run_under_torchrun_resumes_exactly(stages, tmp_path):
+def test_a_killed_ppo_run_under_torchrun_resumes_exactly(stages, launched, tmp_path):
+    """The launch ran resume_run straight through and again killed right after its first
+    checkpoint; two new processes resume (a copy of) the killed one."""
     root = stages[0]
-    common = dict(sft_dir=root / "sft", rm_dir=root / "rm", **{**PPO, "max_iters": 4})
-    torchrun("run", tmp_path, "train_ppo", *options(out_dir=tmp_path / "straight", **common))
-    torchrun("kill", tmp_path, "train_ppo", *options(out_dir=tmp_path / "killed", **common), expect=1)
+    common = resume_run(root)
+    shutil.copytree(launched / "killed", tmp_path / "killed")
     assert torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)["step"] == 2
     torchrun("run", tmp_path, "train_ppo", *options(out_dir=tmp_path / "killed", resume=True, **common))
-    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "killed"), atol=1e-6)
-    assert metrics(tmp_path / "straight", "rm_score") == metrics(tmp_path / "killed", "rm_score")
+    straight = launched / "straight"
+    assert_same_weights(weights(straight), weights(tmp_path / "killed"), atol=1e-6)
+    assert metrics(straight, "rm_score") == metrics(tmp_path / "killed", "rm_score")
     # its random streams are those of 2 processes: one process cannot continue it exactly
     import train_ppo
     from mingpt_rlhf.errors import UserError

@@ -23,9 +23,10 @@ several minutes of bf16 on a CPU without bf16 instructions; these cover every co
   as they do with GPT-2.
 
 Every run: it finishes, every logged figure is finite, no optimizer step was skipped; an RL
-run starts at KL 0 (step-0 eval and the first rollout; exactly under bf16, to rounding in
-float32, where the actor's log-probs are the sampler's) and the first minibatch of
-every update has approx-KL < 1e-3 (the policy that learns is the one that sampled). A resumed
+run starts at KL 0 (step-0 eval and the first rollout; exactly under bf16, where one scoring
+pass gives the actor's and the reference's log-probs, to rounding in float32, where the
+actor's are the sampler's) and the first minibatch of every update has approx-KL 0 to float32
+rounding, |approx-KL| < 1e-6 (the policy that learns is the one that sampled). A resumed
 run was killed right after its first checkpoint, with a half-written line left at the end of
 metrics.jsonl, and must end where the uninterrupted run ends: the same weights, the same
 final figures.
@@ -48,6 +49,7 @@ from mingpt_rlhf.plot import read_run
 from test_scripts import TINY, Killed, kill_after_first_save
 
 BF16 = "bfloat16"
+FIRST_MINIBATCH_KL = 1e-6  # |approx-KL| of an update's first minibatch: float32 rounding (below)
 SMALL_EVAL = dict(eval_prompts=8, max_new_tokens=8)
 
 
@@ -75,7 +77,15 @@ def rl_cfg(out, sft, rm, **kw):
 @pytest.fixture
 def first_minibatch_kl(monkeypatch):
     """The approx-KL of the first minibatch of every PPO update (ratio 1 there: the policy
-    that learns is the one that sampled), recorded while the fixture is in use."""
+    that learns is the one that sampled), recorded while the fixture is in use.
+
+    It is 0 to float32 rounding, in float32 and under bf16 autocast alike, and measured exactly
+    0.0 in every run here. The ratio itself is 1 to rounding: in float32 the stored log-probs
+    are the sampler's (decoding with the KV cache, |log-ratio| <= 5e-7 measured); under bf16
+    they come from a scoring pass over slices of the rollout, while the learner's pass runs on
+    the shuffled, trimmed minibatch, other shapes that round apart (|log-ratio| <= 4.5e-5).
+    approx-KL is computed in float32, and per token (r - 1) - log r is then 0 or off by a
+    rounding step of 1 (1.2e-7), of either sign: hence FIRST_MINIBATCH_KL."""
     seen, state = [], {"first": False}
     real_loss, real_learn = ppo_trainer.policy_loss, ppo_trainer.PPOTrainer.learn
 
@@ -106,7 +116,9 @@ def check_run(out_dir, summary, rl=False):
         step0 = [r for r in rows if r.get("split") == "eval" and r["step"] == 0]
         first = [r for r in rows if "pg_loss" in r][0]
         # 0 to float32 rounding: in float32 the actor's log-probs are the sampler's (decoding
-        # with the KV cache), the reference's come from a full pass (ppo_trainer.py)
+        # with the KV cache), the reference's come from a full pass (ppo_trainer.py); under
+        # bf16 one scoring pass gives both, and the KL is exactly 0 (logged as 0.0 in every
+        # run here, float32 too: metrics.jsonl rounds to 6 decimals)
         assert step0 and abs(step0[0]["kl"]) < 1e-5 and first["step"] == 1 and abs(first["kl"]) < 1e-5
     read_run(out_dir)  # the plot's reader takes every run
 
@@ -201,7 +213,8 @@ def test_rl_methods(bf16_stages, tmp_path, monkeypatch, capsys, first_minibatch_
         out = tmp_path / "run"
         summary = train_ppo.main(make(out))
     check_run(out, summary, rl=True)
-    assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3, first_minibatch_kl
+    assert first_minibatch_kl and max(map(abs, first_minibatch_kl)) < FIRST_MINIBATCH_KL, \
+        first_minibatch_kl
     sample_from(out, rm, tmp_path, capsys)
 
 
@@ -253,7 +266,10 @@ def gpt2_vocab_pipeline(root, first_minibatch_kl, **where):
         prompts=prompts, ptx_data=demos, max_iters=2, rollout_batch_size=4, minibatch_size=2,
         ppo_epochs=1, max_new_tokens=8, eval_interval=2, eval_prompts=4, lora_rank=4, **where))
     check_run(root / "ppo", ppo, rl=True)
-    assert first_minibatch_kl and max(first_minibatch_kl) < 1e-3
+    # float32 rounding on the CPU; on a GPU (tests/test_gpu.py), whose kernels pick their
+    # blocking by shape, bf16 passes of other shapes round further apart: 1e-3 there
+    bound = FIRST_MINIBATCH_KL if where.get("device", "cpu") == "cpu" else 1e-3
+    assert first_minibatch_kl and max(map(abs, first_minibatch_kl)) < bound, first_minibatch_kl
     return root / "sft", root / "rm", root / "ppo"
 
 

@@ -1,23 +1,23 @@
 """sample.py on checkpoints trained for a few steps here: one prompt, a prompts file, piped
-stdin, --compare with scores, and the mistakes a user makes (exit 2, one line)."""
+stdin, --compare with scores, and the mistakes a user makes (exit 2, one line; run in this
+process through cli.run, as `python sample.py` does: tests/test_scripts.py runs sample.py as a
+program once)."""
 import io
 import json
-import shutil
 
 import pytest
 
 import sample
-import train_ppo
-from test_scripts import one_line_error, ppo_cfg, run_script
+from conftest import copy_run, exits_2
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, stages):
-    """The shared tiny SFT and RM (copied) and a PPO run trained from them."""
+def runs(tmp_path_factory, stages, ppo_run):
+    """The shared tiny SFT and RM and the shared PPO run trained from them (copies), side by
+    side in one folder."""
     root = tmp_path_factory.mktemp("sample")
-    for name in ("sft", "rm"):
-        shutil.copytree(stages[0] / name, root / name)
-    train_ppo.main(ppo_cfg(root / "ppo", root / "sft", root / "rm", max_iters=2))
+    for name, folder in (("sft", stages[0] / "sft"), ("rm", stages[0] / "rm"), ("ppo", ppo_run[0])):
+        copy_run(folder, root / name)
     return root
 
 
@@ -74,13 +74,14 @@ def test_compare_prints_both_policies_with_rm_scores(runs):
     (["--top_p", "1.5"], "--top_p"),
     (["--num_samples", "x"], "num_samples"),
 ])
-def test_user_mistakes_exit_2_with_one_line(runs, tmp_path, extra, needle):
+def test_user_mistakes_exit_2_with_one_line(runs, tmp_path, capsys, extra, needle):
     (tmp_path / "bad.jsonl").write_bytes(b'{"prompt": "\xff\xfe"}\n')
     (tmp_path / "empty.jsonl").write_text("\n")
     names = {"RM": runs / "rm", "SFT": runs / "sft", "MISSING": tmp_path / "nothing",
              "BAD": tmp_path / "bad.jsonl", "EMPTY": tmp_path / "empty.jsonl"}
     args = [str(names.get(a, a)) for a in extra]
-    base = ["sample.py", "--ckpt_dir", str(runs / "ppo"), "--prompt", "the plot was"]
+    base = ["--ckpt_dir", str(runs / "ppo"), "--prompt", "the plot was"]
     if "--prompts" in extra:
-        base = base[:3]
-    one_line_error(run_script(*base, *args), needle)
+        base = base[:2]
+    line = exits_2(capsys, "sample", [*base, *args])
+    assert needle in line, line

@@ -1,4 +1,12 @@
-"""The three scripts at tiny size: smoke runs, exact resume after a kill, exit status 2."""
+"""The scripts at tiny size: smoke runs, exact resume after a kill, exit status 2.
+
+An uninterrupted run that several tests read is made once per session (tests/conftest.py:
+`stages`, `ppo_run`, `rm_unnormalised`, `dpo_run`; a resume test kills and resumes its own
+copy of the configuration and compares the end with the shared run). A user's mistake runs in
+this process through `cli.run` (conftest.exits_2), as `python X.py` would; one test runs each
+script as a real program.
+"""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +18,8 @@ import torch
 import train_ppo
 import train_rm
 import train_sft
+from conftest import copy_run, exits_2
+from mingpt_rlhf import cli
 from mingpt_rlhf.heads import Critic, RewardModel
 from mingpt_rlhf.model import GPT, GPTConfig
 
@@ -55,6 +65,20 @@ def kill_after_first_save(monkeypatch, module):
     monkeypatch.setattr(module, "save_checkpoint", save_then_die)
 
 
+def killed_after_first_save(module, cfg):
+    """Run `module.main(cfg)` until it has written its first checkpoint, killed there."""
+    with pytest.MonkeyPatch.context() as m:
+        kill_after_first_save(m, module)
+        with pytest.raises(Killed):
+            module.main(cfg)
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
 def test_sft_smoke_writes_a_loadable_checkpoint_and_metrics(stages):
     root, summary, _ = stages
     ckpt = torch.load(root / "sft" / "ckpt.pt", weights_only=False)
@@ -67,20 +91,15 @@ def test_sft_smoke_writes_a_loadable_checkpoint_and_metrics(stages):
     assert summary == lines[-1]
 
 
-def test_sft_resume_continues_exactly(tmp_path, monkeypatch):
-    straight = tmp_path / "straight"
-    train_sft.main(sft_cfg(straight))
+def test_sft_resume_continues_exactly(stages, tmp_path):
+    straight = stages[0] / "sft"  # sft_cfg's run, uninterrupted
     killed = tmp_path / "killed"
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_sft)
-        with pytest.raises(Killed):
-            train_sft.main(sft_cfg(killed))
+    killed_after_first_save(train_sft, sft_cfg(killed))
     assert torch.load(killed / "ckpt.pt", weights_only=False)["step"] == 10
     train_sft.main(sft_cfg(killed, resume=True))
     a = torch.load(straight / "ckpt.pt", weights_only=False)["model"]
     b = torch.load(killed / "ckpt.pt", weights_only=False)["model"]
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    assert_same_weights(a, b)
     steps = [e["step"] for e in read_metrics(killed) if "loss" in e]
     assert steps == sorted(set(steps))  # no step logged twice after the resume
 
@@ -101,24 +120,23 @@ def test_rm_checkpoint_loads_into_reward_model_and_critic(stages):
     assert ckpt["sft"]["step"] == 20
 
 
-def test_rm_resume_continues_exactly(stages, tmp_path, monkeypatch):
-    root, _, _ = stages
-    train_rm.main(rm_cfg(tmp_path / "straight", root / "sft"))
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_rm)
-        with pytest.raises(Killed):
-            train_rm.main(rm_cfg(tmp_path / "killed", root / "sft"))
+def test_rm_resume_continues_exactly(stages, tmp_path):
+    root, _, _ = stages  # root / "rm" is rm_cfg's run, uninterrupted
+    killed_after_first_save(train_rm, rm_cfg(tmp_path / "killed", root / "sft"))
     train_rm.main(rm_cfg(tmp_path / "killed", root / "sft", resume=True))
-    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)["model"]
+    a = torch.load(root / "rm" / "ckpt.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)["model"]
-    for k in a:  # includes the normalisation gain and bias
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    assert_same_weights(a, b)  # includes the normalisation gain and bias
 
 
 @pytest.mark.parametrize("critic", ["separate", "shared"])
-def test_ppo_smoke_with_both_critics(stages, tmp_path, critic):
+def test_ppo_smoke_with_both_critics(stages, ppo_run, tmp_path, critic):
     root, _, _ = stages
-    summary = train_ppo.main(ppo_cfg(tmp_path, root / "sft", root / "rm", critic=critic))
+    if critic == "separate":  # ppo_cfg's run: its --critic auto is separate with an RM
+        tmp_path, summary = ppo_run
+        assert summary["final"] and train_ppo.Config().critic == "auto"
+    else:
+        summary = train_ppo.main(ppo_cfg(tmp_path, root / "sft", root / "rm", critic=critic))
     lines = read_metrics(tmp_path)
     train_lines = [e for e in lines if "pg_loss" in e]
     assert len(train_lines) == 4
@@ -131,14 +149,20 @@ def test_ppo_smoke_with_both_critics(stages, tmp_path, critic):
     assert (ckpt["critic"] is None) == (critic == "shared")
 
 
+@pytest.fixture(scope="module")
+def ppo_killed(stages, tmp_path_factory):
+    """ppo_cfg's run killed right after its first checkpoint; a test resumes a copy."""
+    root = stages[0]
+    out = tmp_path_factory.mktemp("ppo_killed") / "killed"
+    killed_after_first_save(train_ppo, ppo_cfg(out, root / "sft", root / "rm"))
+    return out
+
+
 @pytest.mark.parametrize("old_format", [False, True])
-def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch, old_format):
+def test_ppo_resume_continues_exactly(stages, ppo_run, ppo_killed, tmp_path, old_format):
     root, _, _ = stages
-    train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm"))
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_ppo)
-        with pytest.raises(Killed):
-            train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm"))
+    straight = ppo_run[0]  # ppo_cfg's run, uninterrupted
+    copy_run(ppo_killed, tmp_path / "killed")
     if old_format:  # a checkpoint written before torchrun support: one process's RNG, flat
         path = tmp_path / "killed" / "ckpt.pt"
         ckpt = torch.load(path, weights_only=False)
@@ -146,15 +170,14 @@ def test_ppo_resume_continues_exactly(stages, tmp_path, monkeypatch, old_format)
         ckpt.update(rng=own["global"], sample_rng=own["sample"], shuffle_rng=own["shuffle"])
         torch.save(ckpt, path)
     train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True))
-    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    a = torch.load(straight / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
     assert a["kl_ctl"] == b["kl_ctl"] and a["kl_over_target"] == b["kl_over_target"]
     assert a["kl_ctl"]["value"] != 0.05  # the controller moved beta, so the check means something
     for part in ["actor", "critic"]:
-        for k in a[part]:
-            torch.testing.assert_close(a[part][k], b[part][k], rtol=0, atol=1e-6)
-    assert read_metrics(tmp_path / "straight")[-1] == {
-        **read_metrics(tmp_path / "killed")[-1], "time": read_metrics(tmp_path / "straight")[-1]["time"]}
+        assert_same_weights(a[part], b[part])
+    assert read_metrics(straight)[-1] == {
+        **read_metrics(tmp_path / "killed")[-1], "time": read_metrics(straight)[-1]["time"]}
 
 
 def test_ppo_refuses_a_reward_model_with_another_tokenizer(stages, tmp_path):
@@ -173,6 +196,22 @@ def run_script(*args):
                           timeout=120)
 
 
+def test_each_script_run_as_a_program_exits_2_with_one_line():
+    """`python X.py` with a mistake: status 2 and one line on stderr, no traceback, from the
+    entry point under `if __name__ == "__main__":` to the process's exit. The other mistakes
+    run in this process (conftest.exits_2), which starts no Python and no torch for each."""
+    mistakes = [("train_sft.py", "--max_iters", "ten"), ("train_rm.py", "--sft_dir", "/nonexistent"),
+                ("train_ppo.py", "--top_k", "-3"), ("train_dpo.py", "--beta", "0"),
+                ("sample.py", "--prompt", "a", "--temperature", "0")]
+    needles = ["--max_iters", "/nonexistent", "--top_k", "--beta", "--temperature"]
+    started = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for args in mistakes]
+    for process, needle in zip(started, needles):  # side by side: each mostly imports torch
+        _, stderr = process.communicate(timeout=120)
+        one_line_error(subprocess.CompletedProcess(process.args, process.returncode, "", stderr),
+                       needle)
+
+
 def one_line_error(result, *needles):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -181,22 +220,28 @@ def one_line_error(result, *needles):
         assert n in lines[0], lines[0]
 
 
-def test_malformed_jsonl_line_exits_2_naming_file_and_line(tmp_path):
+def exits_2_naming(capsys, script, argv, *needles):
+    """`script` run with `argv` in this process exits 2 with one line holding every needle."""
+    line = exits_2(capsys, script, [str(a) for a in argv])
+    for n in needles:
+        assert n in line, line
+
+
+def test_malformed_jsonl_line_exits_2_naming_file_and_line(tmp_path, capsys):
     bad = tmp_path / "demos.jsonl"
     bad.write_text('{"prompt": "a", "response": "b"}\n{"text": "fine"}\n{"prompt": "a", "resp\n')
-    one_line_error(run_script("train_sft.py", "--data", str(bad), "--out_dir", str(tmp_path)),
-                   f"{bad}:3")
+    exits_2_naming(capsys, "train_sft", ["--data", bad, "--out_dir", tmp_path], f"{bad}:3")
     bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a"}\n')
-    one_line_error(run_script("train_sft.py", "--data", str(bad), "--out_dir", str(tmp_path)),
-                   f"{bad}:2", "response")
+    exits_2_naming(capsys, "train_sft", ["--data", bad, "--out_dir", tmp_path], f"{bad}:2",
+                   "response")
 
 
-def test_malformed_preference_line_exits_2(stages, tmp_path):
+def test_malformed_preference_line_exits_2(stages, tmp_path, capsys):
     root, _, _ = stages
     bad = tmp_path / "prefs.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": 3}\n')
-    one_line_error(run_script("train_rm.py", "--data", str(bad), "--sft_dir", str(root / "sft"),
-                              "--out_dir", str(tmp_path)), f"{bad}:2", "rejected")
+    exits_2_naming(capsys, "train_rm", ["--data", bad, "--sft_dir", root / "sft",
+                                        "--out_dir", tmp_path], f"{bad}:2", "rejected")
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -206,27 +251,27 @@ def test_malformed_preference_line_exits_2(stages, tmp_path):
     (["train_sft.py", "--no_such_option", "1"], "no_such_option"),
     (["train_rm.py", "--sft_dir", "/nonexistent"], "/nonexistent"),
 ])
-def test_bad_options_exit_2_with_one_line(args, needle):
-    one_line_error(run_script(*args), needle)
+def test_bad_options_exit_2_with_one_line(args, needle, capsys):
+    exits_2_naming(capsys, args[0].removesuffix(".py"), args[1:], needle)
 
 
-def test_checkpoint_of_another_shape_is_refused(stages, tmp_path):
+def test_checkpoint_of_another_shape_is_refused(stages, tmp_path, capsys):
     root, _, _ = stages
-    import shutil
-    shutil.copytree(root / "sft", tmp_path / "sft")
-    one_line_error(run_script("train_sft.py", "--out_dir", str(tmp_path / "sft"), "--resume",
-                              "--n_layer", "2", "--max_iters", "20"), "n_layer")
+    copy_run(root / "sft", tmp_path / "sft")
+    exits_2_naming(capsys, "train_sft", ["--out_dir", tmp_path / "sft", "--resume",
+                                         "--n_layer", "2", "--max_iters", "20"], "n_layer")
 
 
 @pytest.mark.parametrize("script", ["train_sft.py", "train_rm.py", "train_ppo.py"])
-def test_help_lists_every_option(script):
-    result = run_script(script, "--help")
-    assert result.returncode == 0
+def test_help_lists_every_option(script, capsys):
     module = {"train_sft.py": train_sft, "train_rm.py": train_rm, "train_ppo.py": train_ppo}[script]
-    import dataclasses
+    with pytest.raises(SystemExit) as exit_info:  # what `python script --help` runs
+        cli.run(module.main, module.Config, ["--help"])
+    assert exit_info.value.code == 0
+    stdout = capsys.readouterr().out
     for f in dataclasses.fields(module.Config):
-        assert f"--{f.name}" in result.stdout
-    assert "default:" in result.stdout
+        assert f"--{f.name}" in stdout
+    assert "default:" in stdout
 
 
 # ---- GPT-2-scale options at tiny size: LoRA, gradient accumulation and checkpointing, fp16
@@ -234,32 +279,48 @@ def test_help_lists_every_option(script):
 def test_ppo_holds_out_eval_prompts_from_a_prompts_file(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(100)))
-    train, held_out = train_ppo.prompt_splits(train_ppo.Config(prompts=str(path)), None)
+    prompts = lambda rows: [r["prompt"] for r in rows]  # noqa: E731 (rows: a file's fields)
+    train, held_out = map(prompts, train_ppo.prompt_splits(train_ppo.Config(prompts=str(path)), None))
     assert held_out and not set(train) & set(held_out)
     assert sorted(train + held_out) == sorted(f"p{i}" for i in range(100))
     other = tmp_path / "eval.jsonl"
     other.write_text(json.dumps({"prompt": "q"}) + "\n")
     cfg = train_ppo.Config(prompts=str(path), eval_prompts_file=str(other))
-    assert train_ppo.prompt_splits(cfg, None) == ([f"p{i}" for i in range(100)], ["q"])
+    assert tuple(map(prompts, train_ppo.prompt_splits(cfg, None))) == (
+        [f"p{i}" for i in range(100)], ["q"])
 
 
-def test_rm_gradient_accumulation_equals_one_big_batch(stages, tmp_path):
-    root, _, _ = stages
-    for name, batch, accum in [("big", 16, 1), ("accum", 8, 2)]:
-        train_rm.main(rm_cfg(tmp_path / name, root / "sft", batch_size=batch, grad_accum=accum,
-                             norm_samples=0))
-    a = torch.load(tmp_path / "big" / "ckpt.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "accum" / "ckpt.pt", weights_only=False)["model"]
+def test_rm_gradient_accumulation_equals_one_big_batch(rm_unnormalised, tmp_path):
+    big, cfg = rm_unnormalised  # batch 16, one step each
+    assert (cfg.batch_size, cfg.grad_accum, cfg.norm_samples) == (16, 1, 0)
+    accum = tmp_path / "accum"
+    train_rm.main(dataclasses.replace(cfg, out_dir=str(accum), batch_size=8, grad_accum=2))
+    a = torch.load(big / "ckpt.pt", weights_only=False)["model"]
+    b = torch.load(accum / "ckpt.pt", weights_only=False)["model"]
     for k in a:  # the same pairs in each step; float sums in another order, which Adam's
         # division by sqrt(v) amplifies for parameters whose gradients are near 0 (seen: 2.4e-4
         # after 10 steps with one thread)
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-3)
-    losses = [[e["loss"] for e in read_metrics(tmp_path / name) if "loss" in e]
-              for name in ("big", "accum")]
+    losses = [[e["loss"] for e in read_metrics(run) if "loss" in e] for run in (big, accum)]
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
 
 
-def test_lora_stages_write_merged_weights_and_resume_exactly(stages, tmp_path, monkeypatch):
+def lora_ppo_cfg(out, sft_dir, rm_dir, **kw):
+    return ppo_cfg(out, sft_dir, rm_dir, critic="separate", grad_checkpoint=True, lora_rank=4,
+                   lora_alpha=8.0, **kw)
+
+
+@pytest.fixture(scope="module")
+def lora_ppo_killed(stages, tmp_path_factory):
+    """lora_ppo_cfg's run from `stages` killed right after its first checkpoint; a test
+    resumes a copy."""
+    root = stages[0]
+    out = tmp_path_factory.mktemp("lora_ppo_killed") / "killed"
+    killed_after_first_save(train_ppo, lora_ppo_cfg(out, root / "sft", root / "rm"))
+    return out
+
+
+def test_lora_stages_write_merged_weights_and_resume_exactly(stages, lora_ppo_killed, tmp_path):
     """SFT, RM and PPO with LoRA: checkpoints hold merged GPT-2-named weights that the next
     stage loads as usual, and a killed PPO run resumes to the same adapters and weights."""
     root, _, _ = stages
@@ -273,13 +334,9 @@ def test_lora_stages_write_merged_weights_and_resume_exactly(stages, tmp_path, m
     rm = torch.load(tmp_path / "rm" / "ckpt.pt", weights_only=False)
     RewardModel(GPTConfig(**rm["model_config"])).load_state_dict(rm["model"])
 
-    cfg = lambda out, **kw: ppo_cfg(out, root / "sft", root / "rm", critic="separate",
-                                    grad_checkpoint=True, **lora, **kw)
+    cfg = lambda out, **kw: lora_ppo_cfg(out, root / "sft", root / "rm", **kw)  # noqa: E731
     train_ppo.main(cfg(tmp_path / "straight"))
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_ppo)
-        with pytest.raises(Killed):
-            train_ppo.main(cfg(tmp_path / "killed"))
+    copy_run(lora_ppo_killed, tmp_path / "killed")
     train_ppo.main(cfg(tmp_path / "killed", resume=True))
     a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
@@ -291,22 +348,16 @@ def test_lora_stages_write_merged_weights_and_resume_exactly(stages, tmp_path, m
     GPT(GPTConfig(**a["model_config"])).load_state_dict(a["model"])  # merged, as usual
 
 
-def test_lora_resume_refuses_a_changed_base(stages, tmp_path, monkeypatch):
+def test_lora_resume_refuses_a_changed_base(stages, lora_ppo_killed, tmp_path):
     root, _, _ = stages
-    import shutil
-    shutil.copytree(root / "sft", tmp_path / "sft")
-    cfg = lambda **kw: ppo_cfg(tmp_path / "ppo", tmp_path / "sft", root / "rm", critic="shared",
-                               lora_rank=2, **kw)
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_ppo)
-        with pytest.raises(Killed):
-            train_ppo.main(cfg())
+    copy_run(lora_ppo_killed, tmp_path / "ppo")  # started from stages' SFT model, then killed
+    copy_run(root / "sft", tmp_path / "sft")
     sft = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
     sft["model"]["transformer.ln_f.bias"] += 0.1  # the SFT model was retrained meanwhile
     torch.save(sft, tmp_path / "sft" / "ckpt.pt")
     from mingpt_rlhf.errors import UserError
     with pytest.raises(UserError, match="base weights differ"):
-        train_ppo.main(cfg(resume=True))
+        train_ppo.main(lora_ppo_cfg(tmp_path / "ppo", tmp_path / "sft", root / "rm", resume=True))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -320,7 +371,9 @@ def test_low_precision_runs_on_the_cpu(stages, tmp_path, dtype):
     ckpt = torch.load(tmp_path / "ppo" / "ckpt.pt", weights_only=False)
     assert (ckpt["actor_opt"]["scaler"] is not None) == (dtype == "float16")
     sft = train_sft.main(sft_cfg(tmp_path / "sft", dtype=dtype, max_iters=4))
-    assert summary["final"] and sft["eval_loss"] < 10
+    sft32 = train_sft.main(sft_cfg(tmp_path / "sft32", max_iters=4))
+    # the same 4 steps in float32: low precision moves the loss by its rounding, not more
+    assert abs(sft["eval_loss"] - sft32["eval_loss"]) < 0.05, (sft["eval_loss"], sft32["eval_loss"])
 
 
 def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, capsys):
@@ -336,50 +389,63 @@ def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, cap
         assert option in text
 
 
-def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path):
+def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path, capsys):
     root, _, _ = stages
-    r = subprocess.run([sys.executable, "train_ppo.py", "--sft_dir", str(root / "sft"),
-                        "--rm_dir", str(root / "rm"), "--out_dir", str(tmp_path / "p"),
-                        "--kl_coef", "0"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and "--kl_coef 0" in r.stderr and "Traceback" not in r.stderr
+    exits_2_naming(capsys, "train_ppo", ["--sft_dir", root / "sft", "--rm_dir", root / "rm",
+                                         "--out_dir", tmp_path / "p", "--kl_coef", "0"], "--kl_coef 0")
+
+
+@pytest.fixture(scope="module")
+def critic_free_runs(stages, tmp_path_factory):
+    """run(algo, **extra) -> (folder, [each update's rollout prompt ids]): ppo_cfg's run with
+    --algo and --group_size 4 from `stages`, uninterrupted, made once on first use."""
+    root, made = stages[0], {}
+
+    def run(algo, **extra):
+        key = (algo, *sorted(extra.items()))
+        if key not in made:
+            out = tmp_path_factory.mktemp(algo) / "straight"
+            rollouts = []
+            real = train_ppo.PPOTrainer.make_experience
+
+            def spy(self, ids, mask, *args, **kwargs):
+                if kwargs.get("for_update", True):
+                    rollouts.append(ids.clone())
+                return real(self, ids, mask, *args, **kwargs)
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(train_ppo.PPOTrainer, "make_experience", spy)
+                train_ppo.main(ppo_cfg(out, root / "sft", root / "rm", algo=algo, group_size=4,
+                                       **extra))
+            made[key] = out, rollouts
+        return made[key]
+    return run
 
 
 @pytest.mark.parametrize("algo,extra", [("grpo", {}), ("grpo", {"grpo_norm": "grpo", "kl_in": "loss"}),
                                         ("rloo", {})])
-def test_critic_free_runs_and_resumes_exactly(stages, tmp_path, monkeypatch, algo, extra):
+def test_critic_free_runs_and_resumes_exactly(stages, critic_free_runs, tmp_path, algo, extra):
     root, _, _ = stages
     kw = dict(algo=algo, group_size=4, **extra)
-    train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm", **kw))
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_ppo)
-        with pytest.raises(Killed):
-            train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", **kw))
+    straight, _ = critic_free_runs(algo, **extra)
+    killed_after_first_save(train_ppo, ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", **kw))
     train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True, **kw))
-    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    a = torch.load(straight / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
     assert a["stage"] == b["stage"] == algo and a["critic"] is None and a["value_head"] is None
-    for k in a["actor"]:
-        torch.testing.assert_close(a["actor"][k], b["actor"][k], rtol=0, atol=1e-6)
-    train = [e for e in read_metrics(tmp_path / "straight") if "zero_groups" in e]
-    assert train and all(0 <= e["zero_groups"] <= 1 and e["gen_tokens"] > 0 for e in train)
+    assert_same_weights(a["actor"], b["actor"])
+    train = [e for e in read_metrics(straight) if "zero_groups" in e]
+    # 16 responses in groups of 4: zero_groups counts whole groups of 4, gen_tokens every token
+    assert train and all((e["zero_groups"] * 4).is_integer() for e in train)
+    assert all(abs(e["gen_tokens"] - 16 * e["resp_len"]) < 1e-3 for e in train)
     assert ("kl_loss" in train[0]) == (extra.get("kl_in") == "loss")
 
 
-def test_critic_free_groups_are_one_prompt_repeated(stages, tmp_path, monkeypatch):
+def test_critic_free_groups_are_one_prompt_repeated(critic_free_runs):
     """The rollout batch of --algo grpo holds rollout_batch_size / group_size prompts, each
     group_size times in consecutive rows."""
-    root, _, _ = stages
-    seen = []
-    real = train_ppo.PPOTrainer.make_experience
-
-    def spy(self, ids, mask, *args, **kwargs):
-        if kwargs.get("for_update", True):
-            seen.append(ids.clone())
-        return real(self, ids, mask, *args, **kwargs)
-    monkeypatch.setattr(train_ppo.PPOTrainer, "make_experience", spy)
-    train_ppo.main(ppo_cfg(tmp_path / "g", root / "sft", root / "rm", algo="grpo", group_size=4,
-                           max_iters=1))
-    ids = seen[0]
+    _, rollouts = critic_free_runs("grpo")
+    assert len(rollouts) == 4  # one per iteration
+    ids = rollouts[0]
     assert len(ids) == 16
     groups = ids.view(4, 4, -1)
     assert (groups == groups[:, :1]).all()
@@ -394,12 +460,10 @@ def test_critic_free_groups_are_one_prompt_repeated(stages, tmp_path, monkeypatc
     (["--algo", "rloo", "--reduction", "max"], "--reduction"),
     (["--generate_batch_size", "-1"], "--generate_batch_size"),
 ])
-def test_critic_free_bad_options_exit_2(stages, tmp_path, args, message):
+def test_critic_free_bad_options_exit_2(stages, tmp_path, capsys, args, message):
     root, _, _ = stages
-    r = subprocess.run([sys.executable, "train_ppo.py", "--sft_dir", str(root / "sft"),
-                        "--rm_dir", str(root / "rm"), "--out_dir", str(tmp_path / "p"), *args],
-                       cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    exits_2_naming(capsys, "train_ppo", ["--sft_dir", root / "sft", "--rm_dir", root / "rm",
+                                         "--out_dir", tmp_path / "p", *args], message)
 
 
 def dpo_cfg(out_dir, sft_dir, **kw):
@@ -409,28 +473,25 @@ def dpo_cfg(out_dir, sft_dir, **kw):
     return train_dpo.Config(**{**base, **kw})
 
 
-def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, tmp_path, monkeypatch):
+def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, dpo_run, tmp_path):
     import train_dpo
     root, _, _ = stages
-    summary = train_dpo.main(dpo_cfg(tmp_path / "straight", root / "sft", rm_dir=str(root / "rm")))
+    straight, _, summary = dpo_run  # dpo_cfg's run with the RM scoring its eval, uninterrupted
     assert {"gold", "well_formed", "kl", "distinct2", "rm_score"} <= set(summary)
-    lines = read_metrics(tmp_path / "straight")
+    lines = read_metrics(straight)
     first = next(e for e in lines if "reward_acc" in e)
     assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy = reference: log 2
     assert {"margin", "chosen_reward", "rejected_reward"} <= set(first)
-    with monkeypatch.context() as m:
-        kill_after_first_save(m, train_dpo)
-        with pytest.raises(Killed):
-            train_dpo.main(dpo_cfg(tmp_path / "killed", root / "sft", rm_dir=str(root / "rm")))
+    killed_after_first_save(train_dpo, dpo_cfg(tmp_path / "killed", root / "sft",
+                                               rm_dir=str(root / "rm")))
     train_dpo.main(dpo_cfg(tmp_path / "killed", root / "sft", rm_dir=str(root / "rm"), resume=True))
-    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    a = torch.load(straight / "ckpt.pt", weights_only=False)
     b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
     assert a["stage"] == "dpo"
-    for k in a["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-6)
+    assert_same_weights(a["model"], b["model"])
     # a policy checkpoint: loads as the start of a later stage
     from mingpt_rlhf.checkpoint import load_policy
-    load_policy(str(tmp_path / "straight"))
+    load_policy(str(straight))
 
 
 def test_dpo_with_lora_uses_the_adapters_off_as_reference(stages, tmp_path):
@@ -443,11 +504,10 @@ def test_dpo_with_lora_uses_the_adapters_off_as_reference(stages, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [(["--loss", "kto"], "--loss"), (["--beta", "0"], "--beta")])
-def test_dpo_bad_options_exit_2(stages, tmp_path, args, message):
+def test_dpo_bad_options_exit_2(stages, tmp_path, capsys, args, message):
     root, _, _ = stages
-    r = subprocess.run([sys.executable, "train_dpo.py", "--sft_dir", str(root / "sft"),
-                        "--out_dir", str(tmp_path / "d"), *args], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    exits_2_naming(capsys, "train_dpo", ["--sft_dir", root / "sft", "--out_dir", tmp_path / "d",
+                                         *args], message)
 
 
 def test_ptx_coef_auto_is_on_for_ppo_and_off_for_the_critic_free_methods():

@@ -1,5 +1,4 @@
 """Properties of the built-in "reviews" task: gold reward, data, determinism, label noise."""
-import time
 
 import pytest
 
@@ -96,10 +95,21 @@ def test_tokenizer_is_fixed_by_the_grammar():
     assert "." in a.stoi and "the" in a.stoi and a.vocab_size < 60
 
 
-def test_twenty_thousand_demonstrations_are_fast():
-    start = time.perf_counter()
-    ReviewsTask(seed=123).sft_examples("train")
-    assert time.perf_counter() - start < 2.0
+def test_each_kind_of_data_is_drawn_once_then_served_from_the_cache(monkeypatch):
+    """Drawing 20,000 demonstrations takes a fraction of a second, once: every stage asks for
+    them (SFT, ptx, evals), and each later call copies the cached list instead of drawing
+    it again."""
+    draws = []
+    real = ReviewsTask._draw_data
+    monkeypatch.setattr(ReviewsTask, "_draw_data",
+                        lambda self, kind, split, rng: draws.append((kind, split)) or real(self, kind, split, rng))
+    task = ReviewsTask(seed=123)
+    first = task.sft_examples("train")
+    assert len(first) == 20000 and draws == [("sft", "train")]
+    for _ in range(3):
+        assert task.sft_examples("train") == first
+    task.sft_examples("eval")
+    assert draws == [("sft", "train"), ("sft", "eval")]
 
 
 # ----------------------------------------------------------------------------- determinism
