@@ -1,6 +1,6 @@
 """Seconds per PPO iteration at a fixed configuration, split into generate / score / learn.
 
-The configuration (from the PPO issue): a random-init GPT with vocab 64, n_layer 4, n_head 4,
+The fixed configuration: a random-init GPT with vocab 64, n_layer 4, n_head 4,
 n_embd 128, block 256, dropout 0; 64 prompts of 16 random tokens; responses of exactly 32
 sampled tokens (no EOS, temperature 1, no top-k / top-p); reward = the fraction of response
 tokens equal to token 5; 4 PPO epochs x 4 minibatches of 16. No ptx loss (there are no
