@@ -18,7 +18,7 @@ eval's gold) or gold (reviews), well_formed, KL to the SFT policy, tokens genera
 training, wall seconds of the run; on the sort task also pass@1 and pass@8 on the 200
 held-out problems (8 samples each at temperature 1: pass@8 is the share of problems with at
 least one exact answer), since RL can raise pass@1 while narrowing what is sampled
-(RLHF_NOTES.md). Writes bench/results/verifiable.json and verifiable.png.
+(Yue et al. 2025). Writes bench/results/verifiable.json and verifiable.png.
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ Files: `vocab.json` maps token string -> id; `merges.txt` starts with a "#versio
 one "left right" pair per line, best first.
 
 Special ids: `<|endoftext|>` in the text is always its one id (GPT-2's 50256), never spelt
-out. PAD is a new id, `len(vocab)` (50257 for GPT-2), distinct from EOS (RLHF_NOTES.md,
-failure mode 3); load the model with `GPT.from_pretrained(name, vocab_size=tok.vocab_size)`
+out. PAD is a new id, `len(vocab)` (50257 for GPT-2), distinct from EOS (tokenizer.py says
+why); load the model with `GPT.from_pretrained(name, vocab_size=tok.vocab_size)`
 so the embedding has a row for it. `decode` drops PADs.
 
 The regex, with the stdlib `re`: GPT-2 wrote it with the `regex` module's `\\p{L}` (letter) and

@@ -30,7 +30,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad command line is a UserError: one line, exit 2 (no usage block)."""
 
     def error(self, message):
-        # argparse prints its usage block too; we keep bad input to one line (DESIGN.md)
+        # argparse prints its usage block too; we keep bad input to one line (docs/troubleshooting.md)
         raise UserError(f"{message} (see --help)")
 
 

@@ -13,7 +13,7 @@ signal, not a bug (`zero_group_fraction` logs how often).
 
 With the KL in the loss (GRPO's choice) the penalty is per token with the k3 estimator
 `exp(ref - logp) - (ref - logp) - 1`: >= 0, 0 when the policies agree, and its expected value
-under the policy is KL(pi || ref). Its gradient is not KL's own (RLHF_NOTES.md), which is one
+under the policy is KL(pi || ref). Its gradient is not KL's own (docs/methods.md), which is one
 reason our PPO keeps the KL in the reward instead (`--kl_in reward`).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ into a critic, which is how InstructGPT initialises its value function.
 
 - `RewardModel`: reads the head at the **last real token** of each sequence (the EOS of the
   response), whether the batch is padded on the left or on the right. Reading it at a pad
-  position is a classic bug (RLHF_NOTES.md, failure mode 2). After training, a gain and a
+  position is a classic bug: the score of a padded row would depend on its padding. After training, a gain and a
   bias normalise its scores to mean 0, std 1 on the SFT policy's samples (lm-human-preferences
   does the same), so the PPO reward starts on a known scale.
 - `Critic`: reads the head at every position; PPO uses the values at response positions.
@@ -72,7 +72,7 @@ class ScalarHeadModel(nn.Module):
 
         A normalised reward model scores `gain * head(h) + bias`; that normalisation is folded
         into the head (weight x gain, bias x gain + bias), so the loaded head speaks in the
-        normalised units PPO's rewards are in (RLHF_NOTES.md, failure mode 9)."""
+        normalised units PPO's rewards are in (a critic on another scale than the rewards would start with large, wrong values)."""
         if "head.weight" not in state_dict:
             raise UserError(f"{where} holds no scalar head: is it a reward model checkpoint?")
         gain = state_dict.get("gain", torch.tensor(1.0)).float()

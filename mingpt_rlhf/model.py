@@ -210,7 +210,7 @@ class GPT(nn.Module):
         return model.eval()
 
     def set_dropout(self, p: float) -> None:
-        """Change the dropout probability everywhere (PPO needs 0: see RLHF_NOTES.md)."""
+        """Change the dropout probability everywhere (PPO needs 0: with dropout the first ratio is not 1, ppo_trainer.py)."""
         self.config.dropout = p
         for m in self.modules():
             if isinstance(m, nn.Dropout):

@@ -9,7 +9,7 @@ where the advantages come from (the group, not a critic and GAE), where the KL g
                      -> clipped policy loss (+ ptx, - entropy bonus) -> clipped value loss
                      -> early stop when a minibatch's approx-KL passes target_kl
 
-Four models (RLHF_NOTES.md): the actor (trained), the reference (frozen SFT), the reward
+Four models (docs/methods.md): the actor (trained), the reference (frozen SFT), the reward
 function (frozen RM, given as `reward_fn`), and the critic. The critic is either `separate`
 (its own trunk, InstructGPT / DeepSpeed-Chat) or `shared` (a value head on the actor's trunk,
 lm-human-preferences / trl: one forward pass gives logits and values, and the loss is

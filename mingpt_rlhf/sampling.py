@@ -19,7 +19,8 @@ PAD is never sampled: when `pad_token_id` is given and differs from EOS, its log
 
 Note for RL: PPO must compute its log-probs from the same distribution it sampled from, so
 rollouts use plain sampling (no top-k / top-p) and the log-probs are taken from
-`logits / temperature`, with PAD excluded the same way (RLHF_NOTES.md, "negative KL").
+`logits / temperature`, with PAD excluded the same way (otherwise the stored log-probs are not those of the policy that sampled, and the KL
+estimate can come out negative).
 With `score=True` the sampler keeps, for every token it draws, that log-prob, the entropy
 of the distribution and the hidden state that chose it (`logprobs.tempered_logprobs`, the
 arithmetic the scoring passes use): PPO then needs no second pass of the actor to learn what
@@ -87,7 +88,8 @@ def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
     By inverting the cumulative distribution: one uniform number u per row in (0, 1], and
     the first index whose cumulative probability reaches u. `torch.multinomial` draws V
     exponential numbers per row instead, which at GPT-2's 50,257 ids cost 8 ms for 8 rows on
-    a 2-core CPU, more than a decoding step's own output layer (measured, bench/README).
+    a 2-core CPU, more than a decoding step's own output layer (measured when this sampler was
+    written; no script in bench/ repeats it yet).
     The running sum is in float64, so the boundaries between tokens are exact to 1e-16 and a
     token of probability 0 (PAD) can never be drawn. (Apple's MPS has no float64: there,
     multinomial.)"""

@@ -4,7 +4,7 @@ who is sometimes wrong.
     prompt:   "sort 3 1 4 1 5 :"          response:  "1 1 3 4 5 <eos>"
 
 Why this task: it shows what RL from a verifiable reward can do that imitation cannot
-(RLHF_NOTES.md, "Rewards from code"). The demonstrations come from an imperfect teacher: on
+(docs/rewards.md). The demonstrations come from an imperfect teacher: on
 `teacher_error` (30 %) of the problems it swaps two neighbouring, different digits of its
 answer. SFT copies the teacher, mistakes included, so the SFT policy's sampled answers are
 wrong about as often as the teacher's. RL against the check (`train_ppo.py --task sort

@@ -4,7 +4,7 @@ A task gives every stage its data from one seed: SFT demonstrations (prompt, res
 preference pairs for the reward model, prompts for PPO, and a hidden *gold* reward that plays
 the part of the humans' true taste. The gold reward is never used for training; it is there
 so that a run can show that RLHF raised the true reward and not only the reward model's score
-(a rising RM score with a flat gold reward is reward hacking, RLHF_NOTES.md failure mode 5).
+(a rising RM score with a flat gold reward is reward hacking: docs/results.md measures it).
 
 The task "reviews" is a synthetic language of short movie reviews from a fixed grammar:
 

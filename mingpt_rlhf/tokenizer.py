@@ -4,7 +4,7 @@ Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`,
 `vocab_size`, `pad_id`, `eos_id`, and `state_dict()` so that it travels inside a checkpoint
 (`tokenizer_from_state` rebuilds it). PAD and EOS are always different ids: if they were the
 same, masking out padding would also mask out every EOS and the model would never learn to
-stop (RLHF_NOTES.md, failure mode 3).
+stop.
 
 - `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word.
   We chose words over characters because the built-in language is made of a few dozen words:

@@ -101,3 +101,44 @@ def test_the_checker_catches_a_wrong_option_and_a_missing_script():
     with pytest.raises(AssertionError):
         check_command(["train_nothing.py"], PAGES[0])
     assert slug("Which method? PPO, GRPO") == "which-method-ppo-grpo"
+
+
+def project_files() -> tuple[set, set]:
+    """(relative paths, base names) of every file of the project, as git tracks it."""
+    import subprocess
+    paths = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split())
+    return paths, {os.path.basename(p) for p in paths}
+
+
+CITING = sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "*.md"))
+                + glob.glob(os.path.join(ROOT, "mingpt_rlhf", "*.py"))
+                + glob.glob(os.path.join(ROOT, "bench", "*.py")) + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+                + glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True))
+# the project's own folders: a path under one of them is a citation of the project's file
+OWN = r"(?<![\w/.~-])(?:mingpt_rlhf|bench|docs|examples|tests)/[\w/.-]+"
+
+
+@pytest.mark.parametrize("page", CITING, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_file_cited_exists_in_the_repository(page):
+    """A reader who follows a reference finds the file: every `NAME.md` cited anywhere in the
+    code and docs, and every path under the project's folders, is a file of the repository."""
+    import subprocess
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    paths, names = project_files()
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    missing = []
+    for m in re.finditer(r"[\w/.-]*\b[\w-]+\.md\b", text):  # any Markdown file named
+        cited = m.group(0).lstrip("./")
+        here = os.path.relpath(os.path.normpath(os.path.join(os.path.dirname(page), cited)), ROOT)
+        if cited not in paths and here not in paths and os.path.basename(cited) not in names:
+            missing.append(cited)
+    for m in re.finditer(OWN, text):
+        cited = m.group(0).rstrip(".")
+        if cited.endswith("/") or os.path.isdir(os.path.join(ROOT, cited)) or "/." in cited:
+            continue  # a folder, or one a tool makes (bench/peers/.venv)
+        if cited not in paths and not cited.startswith("bench/results/") and "*" not in cited:
+            missing.append(cited)
+    assert not missing, f"{os.path.relpath(page, ROOT)} cites files the repository does not hold: {missing}"
