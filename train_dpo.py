@@ -55,7 +55,7 @@ class Config:
     loss: str = opt("sigmoid", "sigmoid (DPO) | ipo (squared loss towards h = 1 / (2 beta))")
     beta: float = opt(0.3, "DPO's beta: the strength of the implicit KL to the reference "
                            "(IPO's tau). 0.3, not the paper's 0.1: on the built-in task 0.1 "
-                           "ended at gold 0.76 against 0.83 (README)")
+                           "ended at gold 0.76 against 0.83 (docs/methods.md)")
     nll_coef: float = opt(0.1, "weight of the chosen responses' LM loss (nats per token) added to "
                                "the DPO loss (RPO, Pang et al. 2024): keeps the chosen likely "
                                "while the pair's margin grows (0 = plain DPO, which broke the "
@@ -82,7 +82,7 @@ class Config:
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(README); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 

@@ -81,7 +81,7 @@ class Config:
                                      "--prompts; the same fields)")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
-                           "rloo (leave-one-out baseline, no critic); see README, 'Methods'")
+                           "rloo (leave-one-out baseline, no critic); see docs/methods.md")
     group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
     kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed "
                              "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
@@ -146,7 +146,7 @@ class Config:
                                  "pulls the policy back to them")
     target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "
                                  "sampling policy passes this (0 = off); guards against the "
-                                 "sudden KL spikes in the README")
+                                 "sudden KL spikes in docs/results.md")
     reward_clip: float = opt(5.0, "clip the reward model's (normalised) scores to +-this (0 = "
                                   "off); rewards from code (--reward task or a function) are "
                                   "used as returned")
@@ -165,7 +165,7 @@ class Config:
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(README); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 

@@ -82,7 +82,7 @@ class Config:
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(README); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
