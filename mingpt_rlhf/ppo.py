@@ -17,7 +17,8 @@ generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 af
    minibatches every epoch and cleared after the update (PPO is on-policy).
 5. `policy_loss`: max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), masked mean.
    `value_loss`: 0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2), masked mean.
-6. `AdaptiveKLController`: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
+6. `AdaptiveKLController`: log beta += clip(log(KL / target), -0.2, 1) / horizon per update
+   (Ziegler et al.'s rule moved into log space and made asymmetric; the class says why).
 
 Every function here is checked against a hand computation or a plain reference in
 tests/test_ppo.py. The loop that strings them together is in `ppo_trainer.py`.
