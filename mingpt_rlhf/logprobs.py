@@ -2,7 +2,7 @@
 
 Every stage needs log p(token) at some positions: PPO for each response token (actor and
 reference), SFT and ptx for each target token, DPO for each token of chosen and rejected.
-With a 51-word vocabulary the logits are small; with GPT-2's 50,257 ids they are not: one
+With the reviews task's 48-id vocabulary the logits are small; with GPT-2's 50,257 ids they are not: one
 rollout batch of 32 x 320 positions has 515 M float32 logits (2 GB), and log_softmax, exp
 and the entropy each make another tensor that size, kept for the backward pass.
 
