@@ -58,12 +58,26 @@ def launched(stages, rm_unnormalised, dpo_run, tmp_path_factory):
     root, out = stages[0], tmp_path_factory.mktemp("torchrun")
     (rm_dir, rm_config), (_, dpo_config, _) = rm_unnormalised, dpo_run
     sft = sft_cfg(root / "sft")  # the shared one-process runs: batch 16; here 8 per process
+    # GRPO on a prompts file whose every line carries its prompt again as a field: the
+    # function raises (and the launch fails) if a rank's share pairs a response with another
+    # prompt's field
+    from mingpt_rlhf.tasks import get_task
+    with open(out / "prompts.jsonl", "w") as f:
+        f.writelines(json.dumps({"prompt": p, "same": p}) + "\n"
+                     for p in get_task("reviews").prompts("train")[:24])
+    (out / "same_field.py").write_text(
+        "def score(prompts, responses, same):\n"
+        "    if list(prompts) != list(same):\n"
+        "        raise ValueError('a response met the field of another prompt')\n"
+        "    return [float(len(r.split())) for r in responses]\n")
     jobs = [
         ["run", out, "train_sft", *as_options(sft, out_dir=out / "sft", batch_size=8)],
         ["run", out, "train_rm", *as_options(rm_config, out_dir=out / "rm", batch_size=8)],
         ["run", out, "train_dpo", *as_options(dpo_config, out_dir=out / "dpo", batch_size=8)],
         ["run", out, "train_ppo", *options(out_dir=out / "grpo", sft_dir=root / "sft",
-                                           rm_dir=root / "rm", algo="grpo", group_size=4, **PPO)],
+                                           rm_dir=root / "rm", algo="grpo", group_size=4,
+                                           prompts=out / "prompts.jsonl",
+                                           reward=f"{out / 'same_field.py'}:score", **PPO)],
         ["run", out, "train_ppo", *options(out_dir=out / "straight", **resume_run(root))],
         ["kill", out, "train_ppo", *options(out_dir=out / "killed", **resume_run(root))],
         ["grad", out / "grad", "-"],
@@ -177,8 +191,12 @@ def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(launched
 
 
 def test_grpo_groups_stay_whole_on_one_process(launched):
+    """Also: each rank's share of a prompts file's fields reaches the reward function beside
+    its own prompts (the function would have stopped the launch otherwise)."""
     ckpt = torch.load(launched / "grpo" / "ckpt.pt", weights_only=False)
     assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2  # each rank's random streams
+    assert ckpt["config"]["reward"].endswith("same_field.py:score")
+    assert metrics(launched / "grpo", "reward")  # scored by the function, every iteration
 
 
 def test_each_process_gets_whole_groups_or_the_run_is_refused():
