@@ -109,11 +109,8 @@ def check_scores(scores, n: int, where: str) -> list[float]:
     """`scores` as n floats finite in float32, or a UserError that says what is wrong.
     Taken: a list or tuple of real numbers (Python's, numpy's, 0-d tensors), or a tensor or
     numpy array of any shape holding exactly n numbers."""
-    if isinstance(scores, torch.Tensor) or (hasattr(scores, "shape") and hasattr(scores, "tolist")):
-        if getattr(scores, "dtype", None) in (torch.bool, bool) or str(getattr(scores, "dtype", "")) == "bool":
-            raise UserError(f"{where} returned booleans; return numbers (e.g. 1.0 / 0.0)")
-        scores = scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores
-        scores = scores.reshape(-1).tolist()  # an array or tensor: any shape, n numbers
+    if hasattr(scores, "shape") and hasattr(scores, "tolist"):  # a tensor or numpy array
+        scores = scores.reshape(-1).tolist()  # any shape holding n numbers
     if isinstance(scores, (str, bytes)) or not isinstance(scores, (list, tuple)):
         raise UserError(f"{where} returned a {type(scores).__name__}; return a list of {n} "
                         f"floats, one per response")
@@ -122,9 +119,10 @@ def check_scores(scores, n: int, where: str) -> list[float]:
                         f"float per response, in order")
     out = []
     for i, s in enumerate(scores):
-        if isinstance(s, torch.Tensor) and s.numel() == 1 and s.dtype != torch.bool:
+        if isinstance(s, torch.Tensor) and s.numel() == 1:
             s = s.item()  # a 0-d tensor
-        if isinstance(s, bool) or type(s).__name__ == "bool_" or not isinstance(s, numbers.Real):
+        # bools are refused: numpy's bool_ is no numbers.Real, Python's bool is an int
+        if isinstance(s, bool) or not isinstance(s, numbers.Real):
             raise UserError(f"{where}: score {i} is a {type(s).__name__} ({s!r}); return numbers")
         out.append(float(s))
     # finite after the cast to the float32 the run computes in: 1e39 is inf there
@@ -132,9 +130,8 @@ def check_scores(scores, n: int, where: str) -> list[float]:
     bad = (~torch.isfinite(as_float32)).nonzero()
     if len(bad):
         i = bad[0].item()
-        raise UserError(f"{where}: score {i} is {out[i]}" + (" (inf in float32)" if out[i] == out[i]
-                        and abs(out[i]) != float("inf") else "") + "; return finite numbers (no NaN "
-                        "or inf, |score| < 3.4e38)")
+        raise UserError(f"{where}: score {i} is {out[i]} ({as_float32[i].item()} in float32); "
+                        f"return finite numbers (no NaN or inf, |score| < 3.4e38)")
     return as_float32.tolist()
 
 

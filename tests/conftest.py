@@ -117,3 +117,34 @@ def copy_run(folder, to):
     """A private copy of a shared run's folder, for a test that resumes or edits it."""
     shutil.copytree(folder, to)
     return to
+
+
+@pytest.fixture
+def first_minibatch_kl(monkeypatch):
+    """The approx-KL of the first minibatch of every PPO update (ratio 1 there: the policy
+    that learns is the one that sampled), recorded while the fixture is in use.
+
+    It is 0 to float32 rounding, in float32 and under bf16 autocast alike, and measured exactly
+    0.0 in every run here. The ratio itself is 1 to rounding: in float32 the stored log-probs
+    are the sampler's (decoding with the KV cache, |log-ratio| <= 5e-7 measured); under bf16
+    they come from a scoring pass over slices of the rollout, while the learner's pass runs on
+    the shuffled, trimmed minibatch, other shapes that round apart (|log-ratio| <= 4.5e-5).
+    approx-KL is computed in float32, and per token (r - 1) - log r is then 0 or off by a
+    rounding step of 1 (1.2e-7), of either sign: hence FIRST_MINIBATCH_KL."""
+    from mingpt_rlhf import ppo_trainer
+    seen, state = [], {"first": False}
+    real_loss, real_learn = ppo_trainer.policy_loss, ppo_trainer.PPOTrainer.learn
+
+    def learn(self, *args, **kwargs):
+        state["first"] = True
+        return real_learn(self, *args, **kwargs)
+
+    def policy_loss(*args, **kwargs):
+        out = real_loss(*args, **kwargs)
+        if state["first"]:
+            seen.append(out[2].item())
+            state["first"] = False
+        return out
+    monkeypatch.setattr(ppo_trainer, "policy_loss", policy_loss)
+    monkeypatch.setattr(ppo_trainer.PPOTrainer, "learn", learn)
+    return seen

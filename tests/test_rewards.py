@@ -63,7 +63,7 @@ def test_numbers_of_every_kind_are_taken():
 
 @pytest.mark.parametrize("scores,words", [
     ([1e39, 0.0], ["score 0", "inf in float32"]),      # finite in Python, inf in the run's float32
-    ([np.bool_(True), 1.0], ["bool"]), (torch.tensor([True, False]), ["booleans"]),
+    ([np.bool_(True), 1.0], ["bool"]), (torch.tensor([True, False]), ["bool"]),
     (np.zeros((2, 2)), ["4 scores for 2"]), ([torch.tensor([1.0, 2.0]), 0.0], ["Tensor"]),
 ])
 def test_numbers_the_run_cannot_use_are_refused(scores, words):

@@ -644,30 +644,15 @@ def test_a_lora_merge_is_the_float32_base_plus_the_scaled_update():
 
 @pytest.mark.parametrize("extra", [{}, dict(algo="grpo", group_size=4, lora_rank=4)],
                          ids=["ppo", "grpo-lora"])
-def test_first_minibatch_of_every_float32_update_has_approx_kl_zero(stages, tmp_path, monkeypatch,
-                                                                      extra):
+def test_first_minibatch_of_every_float32_update_has_approx_kl_zero(stages, tmp_path,
+                                                                      first_minibatch_kl, extra):
     """train_ppo.py in float32: the policy that learns is the one that sampled (dropout off,
     the same temperature and PAD rule, the sampler's own log-probs), so the first minibatch of
     every update has ratio 1 and approx-KL 0 to float32 rounding (measured: exactly 0)."""
     import train_ppo
-    from mingpt_rlhf import ppo_trainer
     from test_scripts import ppo_cfg
     root, _, _ = stages
-    seen, first = [], {"learn": False}
-    real_loss, real_learn = ppo_trainer.policy_loss, ppo_trainer.PPOTrainer.learn
-
-    def learn(self, *args, **kwargs):
-        first["learn"] = True
-        return real_learn(self, *args, **kwargs)
-
-    def policy_loss(*args, **kwargs):
-        out = real_loss(*args, **kwargs)
-        if first["learn"]:
-            seen.append(out[2].item())
-            first["learn"] = False
-        return out
-    monkeypatch.setattr(ppo_trainer, "policy_loss", policy_loss)
-    monkeypatch.setattr(ppo_trainer.PPOTrainer, "learn", learn)
+    seen = first_minibatch_kl
     train_ppo.main(ppo_cfg(tmp_path, root / "sft", root / "rm", dtype="float32", max_iters=3,
                            eval_interval=3, eval_prompts=8, max_new_tokens=12, **extra))
     assert len(seen) == 3 and max(seen) < 1e-9, seen
