@@ -56,7 +56,7 @@ def launched(stages, rm_unnormalised, dpo_run, tmp_path_factory):
     """One torchrun launch of 2 processes that runs each test's job in turn (ddp_worker.py
     jobs): the folder that holds every job's OUT, named after the job."""
     root, out = stages[0], tmp_path_factory.mktemp("torchrun")
-    (rm_dir, rm_config), (_, dpo_config, _) = rm_unnormalised, dpo_run
+    (_, rm_config), (_, dpo_config, _) = rm_unnormalised, dpo_run
     sft = sft_cfg(root / "sft")  # the shared one-process runs: batch 16; here 8 per process
     # GRPO on a prompts file whose every line carries its prompt again as a field: the
     # function raises (and the launch fails) if a rank's share pairs a response with another

@@ -65,7 +65,7 @@ def test_three_stages_from_a_gpt2_checkpoint(gpt2_folder, tmp_path):
 def test_reward_model_straight_from_gpt2(gpt2_folder, tmp_path):
     prefs = write_jsonl(tmp_path / "prefs.jsonl",
                         [{"prompt": p, "chosen": r, "rejected": " no."} for p, r in DIALOGUES] * 8)
-    rm = train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm"), init_from=str(gpt2_folder),
+    train_rm.main(train_rm.Config(out_dir=str(tmp_path / "rm"), init_from=str(gpt2_folder),
                                        data=prefs, batch_size=4, eval_interval=2, norm_samples=4,
                                        max_new_tokens=8))
     ckpt = torch.load(tmp_path / "rm" / "ckpt.pt", weights_only=False)

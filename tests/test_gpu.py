@@ -24,7 +24,7 @@ import train_ppo
 import train_rm
 import train_sft
 from conftest import left_pad
-from test_matrix import (check_run, dpo_cfg, first_minibatch_kl, gpt2_vocab_pipeline,  # noqa: F401
+from test_matrix import (check_run, dpo_cfg, gpt2_vocab_pipeline,  # noqa: F401
                          rl_cfg, rm_cfg, sft_cfg, straight_and_resumed)
 
 DEVICE = os.environ.get("MINGPT_RLHF_GPU_TESTS_ON", "cuda")
