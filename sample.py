@@ -4,12 +4,19 @@
     python sample.py --ckpt_dir out/ppo --prompts prompts.jsonl --num_samples 4
     python sample.py --ckpt_dir out/ppo --compare out/sft --rm_dir out/rm --prompt "the cast felt"
     python sample.py --ckpt_dir out/ppo      # no --prompt, a terminal: one prompt per line
+    python sample.py --ckpt_dir out/guess/grpo --env guess --num_samples 3   # 3 whole episodes
+    python sample.py --ckpt_dir out/guess/grpo --play_env   # you are the environment
 
 Any checkpoint a policy stage writes works: SFT, PPO, GRPO, RLOO, DPO (LoRA runs save merged
 weights). A reward model's checkpoint is not a policy and is refused. `--compare DIR` samples a
 second policy on the same prompts with the same seed and prints the two side by side;
 `--rm_dir` adds the reward model's score of each response, and on the built-in task (word
 tokenizer) the gold reward is printed too.
+
+With `--env` the policy plays episodes with an environment (docs/multiturn.md): held-out
+seeds --env_seed, --env_seed + 1, ..., each printed as the whole dialogue with its return and
+turns. With `--play_env` a person plays the environment's part: type the opening, then a reply
+after each of the policy's turns; an empty line ends the episode.
 """
 from __future__ import annotations
 
@@ -45,6 +52,12 @@ class Config:
                             "response: auto (the task whose vocabulary the policy has) | "
                             "reviews | sort")
     device: str = opt("auto", "auto | cpu | cuda | mps")
+    env: str = opt("", "play episodes with an environment (built-in: guess; or FILE.py:CLASS): "
+                       "--num_samples episodes of held-out seeds from --env_seed")
+    env_seed: int = opt(0, "with --env: the first episode's seed")
+    max_turns: int = opt(8, "with --env or --play_env: most policy turns per episode")
+    play_env: bool = opt(False, "you play the environment: type the opening and each reply "
+                                "(an empty line ends the episode)")
 
 
 def load_sampler(folder: str, device, flag: str):
@@ -59,6 +72,12 @@ def check_config(cfg: Config) -> None:
         raise UserError("--top_k must be >= 0 and --top_p in (0, 1]")
     if cfg.prompt and cfg.prompts:
         raise UserError("pass --prompt or --prompts, not both")
+    require_positive(cfg, "max_turns")
+    if (cfg.env or cfg.play_env) and (cfg.prompt or cfg.prompts or cfg.rm_dir):
+        raise UserError("--env and --play_env play episodes; drop --prompt, --prompts and --rm_dir")
+    if cfg.env and cfg.play_env:
+        raise UserError("pass --env (an environment plays its part) or --play_env (you do), "
+                        "not both")
 
 
 class Answerer:
@@ -122,9 +141,61 @@ class Answerer:
                 print(f"  {label}{entry['response']}{figures}", file=out)
 
 
+def person_as_environment(stdin, out):
+    """An environment class whose part a person plays, reading the opening and each reply
+    from `stdin` (an empty line or the end of input ends the episode, reward 0)."""
+    interactive = stdin.isatty()
+
+    def ask(prompt: str) -> str:
+        if interactive:
+            print(prompt, end="", file=out, flush=True)
+        return stdin.readline().strip()
+
+    class Person:
+        def reset(self, seed):
+            text = ask("opening> ")
+            if not text:
+                raise UserError("no opening typed: type the environment's first words")
+            return text
+
+        def step(self, action):
+            print(f"policy: {action}", file=out, flush=True)
+            reply = ask("reply> ")
+            return (reply or "(end)"), 0.0, not reply
+    return Person
+
+
+def play(cfg: Config, stdin, out) -> list[dict]:
+    """--env / --play_env: play episodes with each policy and print their dialogues."""
+    from mingpt_rlhf.episodes import EpisodeSource, load_env, transcript_text
+    device = pick_device(cfg.device)
+    env_class, name = (person_as_environment(stdin, out), "you") if cfg.play_env else load_env(cfg.env)
+    seeds = [0] if cfg.play_env else list(range(cfg.env_seed, cfg.env_seed + cfg.num_samples))
+    folders = [cfg.ckpt_dir] + ([cfg.compare] if cfg.compare else [])
+    rows = []
+    for folder in folders:
+        policy, tokenizer = load_sampler(folder, device, "--ckpt_dir" if folder == cfg.ckpt_dir else "--compare")
+        source = EpisodeSource(env_class, name, tokenizer, cfg.max_turns)
+        generator = torch.Generator(device).manual_seed(cfg.seed)
+        ep = source.play(policy, seeds, cfg, generator)
+        for i, seed in enumerate(seeds):
+            row = {"policy": folder, "seed": seed, "return": ep.returns[i].item(),
+                   "turns": int(ep.turns[i]), "ended_by": ep.ended_by[i],
+                   "transcript": ep.transcripts[i]}
+            rows.append(row)
+            if not cfg.play_env:
+                label = f"{folder}, " if cfg.compare else ""
+                print(f"[{label}episode seed {seed}: return {row['return']:+.2f}, {row['turns']} "
+                      f"turns, ended by {row['ended_by']}]", file=out)
+                print(transcript_text(row["transcript"]), file=out)
+    return rows
+
+
 def main(cfg: Config, stdin=None, out=None):
     stdin, out = stdin or sys.stdin, out or sys.stdout
     check_config(cfg)
+    if cfg.env or cfg.play_env:
+        return play(cfg, stdin, out)
     prompts = [cfg.prompt] if cfg.prompt else load_prompts_jsonl(cfg.prompts) if cfg.prompts else None
     answerer = Answerer(cfg)
     if prompts is not None:

@@ -44,6 +44,7 @@ from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, 
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
 from mingpt_rlhf.distributed import rank as process_rank
+from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, environment_figures, load_env
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.heads import Critic, ScalarHead
@@ -74,6 +75,14 @@ class Config:
                             "list of floats, on decoded text, one call per rollout batch; fields: "
                             "the other columns of --prompts)")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
+    env: str = opt("", "play episodes with an environment instead of answering prompts: a "
+                       "built-in (guess) | FILE.py:CLASS | MODULE:CLASS, a class with "
+                       "reset(seed) -> str and step(action) -> (reply, reward, done); the "
+                       "environment gives the rewards (docs/multiturn.md)")
+    max_turns: int = opt(8, "with --env: most policy turns per episode (each of up to "
+                            "--max_new_tokens tokens, ended by EOS)")
+    mask_env: bool = opt(True, "with --env: keep the environment's tokens out of every loss, "
+                               "KL and token mean (false only to see what the mask is for)")
     prompts: str = opt("", "JSONL of {prompt, ...} lines; replaces the task's prompts (5%% held "
                            "out for eval unless --eval_prompts_file); every other field of a "
                            "line (e.g. answer) reaches a --reward function as a keyword argument")
@@ -214,11 +223,22 @@ def check_config(cfg: Config):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
+    if cfg.env:
+        if cfg.reward not in ("rm", "env"):
+            raise UserError(f"--env gives the rewards (each step's); drop --reward "
+                            f"{cfg.reward}")
+        if cfg.prompts:
+            raise UserError("--env plays episodes from the environment's openings; drop "
+                            "--prompts (or --env to answer prompts)")
+        require_positive(cfg, "max_turns")
+        cfg.reward = "env"
+    elif not cfg.mask_env:
+        raise UserError("--mask_env false is for episodes; pass --env too")
     if cfg.critic not in ("auto", "separate", "shared"):
         raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
     if cfg.critic == "auto":
         cfg.critic = "separate" if cfg.reward == "rm" else "shared"
-    if cfg.reward not in ("rm", "task") and ":" not in cfg.reward:
+    if cfg.reward not in ("rm", "task", "env") and ":" not in cfg.reward:
         raise UserError(f"--reward must be rm, task, FILE.py:FUNCTION or MODULE:FUNCTION, got "
                         f"{cfg.reward!r}")
     if cfg.reward == "task" and cfg.prompts:
@@ -239,7 +259,7 @@ def check_config(cfg: Config):
 
 
 # options that decide which models a run builds: a resumed run must be started with the same
-RESUME_FIXED = ("reward", "critic", "lora_rank", "lora_targets")
+RESUME_FIXED = ("reward", "env", "critic", "lora_rank", "lora_targets")
 
 
 def load_models(cfg: Config, device, dtype):
@@ -254,7 +274,7 @@ def load_models(cfg: Config, device, dtype):
         rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
         if not rm_ckpt.get("normalised"):
             print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
-    if not cfg.prompts:  # the built-in task's prompts, in the policy's tokens
+    if not cfg.prompts and not cfg.env:  # the built-in task's prompts, in the policy's tokens
         get_task(cfg.task).check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
 
     # dropout is off in every model (load_policy and below), so the first ratio is 1 (to rounding)
@@ -367,12 +387,15 @@ def main(cfg: Config) -> dict:
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
 
     # ---- data: prompts to roll out on, held-out prompts, demonstrations for ptx
-    task = None if cfg.prompts else get_task(cfg.task, seed=cfg.seed)
-    train_rows, eval_rows = prompt_splits(cfg, task)
+    task = None if cfg.prompts or cfg.env else get_task(cfg.task, seed=cfg.seed)
+    env_class, env_name = load_env(cfg.env) if cfg.env else (None, "")
+    train_rows, eval_rows = prompt_splits(cfg, task) if not cfg.env else ([], [])
     train_prompts, eval_prompts = [r["prompt"] for r in train_rows], [r["prompt"] for r in eval_rows]
     ptx_data = None
     if cfg.ptx_coef > 0:
         demos = load_sft_jsonl(cfg.ptx_data) if cfg.ptx_data else (task.sft_examples("train") if task else None)
+        if cfg.env and not cfg.ptx_data:
+            demos = None
         if demos is None:
             raise UserError("--ptx_coef > 0 needs demonstrations: pass --ptx_data demos.jsonl, "
                             "or --ptx_coef 0")
@@ -389,6 +412,8 @@ def main(cfg: Config) -> dict:
     if cfg.reward == "rm":
         reward_fn = ModelReward(rm, local.score_batch_size or local.minibatch_size,
                                 amp=lambda: autocast(device, dtype))
+    elif cfg.reward == "env":
+        reward_fn = None  # each step of the environment gives its reward
     elif cfg.reward == "task":
         reward_fn = task_reward(task, tokenizer)
     else:
@@ -397,7 +422,9 @@ def main(cfg: Config) -> dict:
 
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
-                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype)
+                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype,
+                         episodes=EpisodeSource(env_class, env_name, tokenizer, cfg.max_turns,
+                                                cfg.mask_env) if cfg.env else None)
     prompt_gen = torch.Generator().manual_seed(cfg.seed)  # which prompts: the same on every rank
     # sampling needs a generator on the model's device; randperm / randint (minibatch order,
     # ptx batches) build CPU tensors and refuse a CUDA one, so they get a CPU generator.
@@ -426,8 +453,9 @@ def main(cfg: Config) -> dict:
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
     method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else
               f"{cfg.algo}, groups of {cfg.group_size}, KL in the {trainer.kl_in}")
-    print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), "
-          f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
+    data = (f"episodes of {env_name} (up to {cfg.max_turns} turns), {cfg.eval_prompts} eval "
+            f"episodes" if cfg.env else f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts")
+    print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), {data}, "
           f"device {device}, {str(dtype).replace('torch.', '')}")
 
     def save(step: int):
@@ -449,6 +477,10 @@ def main(cfg: Config) -> dict:
         rollout_batch_size / k prompts and repeat each k times in a row (a group), ppo draws
         rollout_batch_size; every rank draws the same ones and keeps its slice (whole groups)."""
         k = 1 if cfg.algo == "ppo" else cfg.group_size
+        if cfg.env:  # episode seeds, above the held-out ones; a group shares its seed
+            idx = torch.randint(HELD_OUT_SEEDS, 2 ** 31 - 1, (cfg.rollout_batch_size // k,),
+                                generator=prompt_gen)
+            return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
         idx = torch.randint(len(encoded_prompts), (cfg.rollout_batch_size // k,), generator=prompt_gen)
         return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
 
@@ -463,8 +495,33 @@ def main(cfg: Config) -> dict:
             reward_fn.begin(at)
 
     @torch.no_grad()
+    def evaluate_episodes(step: int) -> dict:
+        """Held-out episodes (seeds 0, 1, ...), sampled as in training: the mean return, KL,
+        turns and the share the environment ended, and the built-in environment's figures."""
+        gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
+        seeds = list(range(cfg.eval_prompts))
+        sums, transcripts, returns = {"reward": 0.0, "kl": 0.0, "turns": 0.0, "done_rate": 0.0}, [], []
+        for i in range(0, len(seeds), local.rollout_batch_size):
+            exp, stats, ep = trainer.play(seeds[i:i + local.rollout_batch_size], gen, for_update=False)
+            n = len(ep.seeds)
+            for k, source in (("reward", "rm_score"), ("kl", "kl"), ("turns", "turns"),
+                              ("done_rate", "eos_rate")):
+                sums[k] += stats[source] * n
+            transcripts += ep.transcripts
+            returns += ep.returns.tolist()
+        figures = {k: v / len(seeds) for k, v in sums.items()}
+        figures.update(environment_figures(env_class, transcripts, returns))
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        for transcript in transcripts[:2]:
+            tqdm.write("  " + " | ".join(f"{role} {text}" for role, text in transcript))
+        return figures
+
+    @torch.no_grad()
     def evaluate(step: int) -> dict:
         """Held-out prompts, sampled as in training, scored by RM, KL and (if any) gold."""
+        if cfg.env:
+            return evaluate_episodes(step)
         gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
         scoring(f"the eval at iteration {step}")
         rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
@@ -504,10 +561,14 @@ def main(cfg: Config) -> dict:
         trainer.actor_opt.set_lr_scale(scale)
         if trainer.critic_opt is not None:
             trainer.critic_opt.set_lr_scale(scale)
-        batches = [batch_of_prompts(draw_prompts()) for _ in range(cfg.rollouts_per_update)]
+        batches = [draw_prompts() if cfg.env else batch_of_prompts(draw_prompts())
+                   for _ in range(cfg.rollouts_per_update)]
         scoring(f"iteration {step + 1}")
         experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
         stats[score_name] = stats.pop("rm_score")
+        if cfg.env:
+            returns = [x for e in experiences for x in e.scores.tolist()]  # each episode's
+            stats.update(mean_over_ranks(environment_figures(env_class, None, returns)))
         if task is not None:
             golds = [task.gold_reward(p, r) for e in experiences
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
@@ -537,7 +598,7 @@ def main(cfg: Config) -> dict:
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
         print(f"on held-out prompts, from the SFT policy (step 0) to the {cfg.algo.upper()} policy:")
-        for k in ["gold", score_name, "well_formed", "kl", "distinct2"]:
+        for k in ["gold", "success", score_name, "turns", "well_formed", "kl", "distinct2"]:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
     picture_of_run(cfg.out_dir)

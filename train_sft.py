@@ -6,6 +6,8 @@ that the reward model starts from and that PPO fine-tunes, and the frozen refere
 
     python train_sft.py                        # built-in "reviews" task, tiny GPT, ~1 min on CPU
     python train_sft.py --data demos.jsonl     # your {"prompt", "response"} or {"text"} lines
+    python train_sft.py --env guess --out_dir out/guess/sft   # the guessing game's teacher episodes
+    python train_sft.py --data episodes.jsonl  # your {"turns": [{"role", "text"}, ...]} episodes
     python train_sft.py --init_from gpt2 --data demos.jsonl   # start from GPT-2 weights
     python train_sft.py --init_from gpt2 --data demos.jsonl --lora_rank 16 --grad_accum 4
     torchrun --standalone --nproc_per_node 2 train_sft.py --batch_size 32   # 2 GPUs or CPU processes
@@ -31,7 +33,8 @@ from mingpt_rlhf.distributed import (all_sum, is_main, setup, shard, shutdown, t
                                      world_size)
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
-from mingpt_rlhf.data import IGNORE, SFTData, holdout_split, load_sft_jsonl
+from mingpt_rlhf.data import IGNORE, SFTData, Transcript, holdout_split, load_sft_jsonl
+from mingpt_rlhf.episodes import EpisodeSource, load_env, play_and_measure
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
 from mingpt_rlhf.logprobs import lm_loss
@@ -51,7 +54,13 @@ from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 class Config:
     out_dir: str = opt("out/sft", "folder for ckpt.pt and metrics.jsonl")
     task: str = opt("reviews", "built-in task giving demonstrations and a gold reward")
-    data: str = opt("", "JSONL of {prompt, response} or {text} lines; replaces the task's data")
+    data: str = opt("", "JSONL of {prompt, response}, {text} or {turns: [{role, text}, ...]} "
+                        "lines (an episode: loss on the policy's turns only); replaces the "
+                        "task's data")
+    env: str = opt("", "an environment (built-in: guess; or FILE.py:CLASS): the eval plays its "
+                       "held-out episodes (success, turns); without --data a built-in one's "
+                       "teacher episodes are the demonstrations (docs/multiturn.md)")
+    max_turns: int = opt(8, "with --env: most policy turns of an eval episode")
     eval_data: str = opt("", "held-out JSONL for eval_loss (default: 5%% of --data)")
     init_from: str = opt("", "start from GPT-2 weights: a name (gpt2, ...) or a folder")
     n_layer: int = opt(4, "transformer blocks (new model only)")
@@ -70,7 +79,7 @@ class Config:
     loss_on_prompt: bool = opt(False, "also train on prompt tokens (default: response only)")
     eval_interval: int = opt(200, "steps between evaluations and checkpoints")
     eval_prompts: int = opt(200, "held-out prompts sampled at each eval (built-in task)")
-    max_new_tokens: int = opt(32, "longest sampled response at eval")
+    max_new_tokens: int = opt(32, "longest sampled response (with --env: turn) at eval")
     temperature: float = opt(1.0, "sampling temperature of the eval samples")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
@@ -90,6 +99,7 @@ def check_config(cfg: Config):
     require_positive(cfg, "n_layer", "n_head", "n_embd", "block_size", "batch_size",
                      "grad_accum", "max_iters", "eval_interval", "max_new_tokens", "lr")
     require_non_negative(cfg, "eval_prompts", "warmup_iters", "grad_clip", "weight_decay")
+    require_positive(cfg, "max_turns")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"--n_embd {cfg.n_embd} must be divisible by --n_head {cfg.n_head}")
     if not 0 <= cfg.dropout < 1:
@@ -100,8 +110,14 @@ def check_config(cfg: Config):
     require_data_for_eval_data(cfg)
 
 
-def load_demonstrations(cfg: Config, task):
-    """(train pairs, eval pairs) of (prompt, response) texts."""
+def load_demonstrations(cfg: Config, task, env_class=None):
+    """(train, eval) demonstrations: (prompt, response) pairs, or Transcripts of episodes."""
+    if not cfg.data and env_class is not None:
+        teacher = getattr(env_class, "teacher_episodes", None)
+        if teacher is None:
+            raise UserError(f"--env {cfg.env} has no teacher of its own: pass its episodes as "
+                            f"--data episodes.jsonl ({{\"turns\": [...]}} lines)")
+        return teacher("train", cfg.seed), teacher("eval", cfg.seed)
     if not cfg.data:
         return task.sft_examples("train"), task.sft_examples("eval")
     train = load_sft_jsonl(cfg.data)
@@ -110,13 +126,16 @@ def load_demonstrations(cfg: Config, task):
     return holdout_split(train, cfg.seed)
 
 
-def make_tokenizer(cfg: Config, task, train_pairs):
+def make_tokenizer(cfg: Config, task, train_pairs, env_class=None):
     if cfg.init_from:
         from mingpt_rlhf.bpe import BPETokenizer
         return BPETokenizer.from_pretrained(cfg.init_from)
     if task is not None:
         return task.tokenizer()
-    return WordTokenizer.from_texts(p + " " + r for p, r in train_pairs)
+    if not cfg.data and env_class is not None:  # a built-in environment's words
+        return env_class.tokenizer()
+    return WordTokenizer.from_texts(" ".join(text for _, text in item) if isinstance(item, Transcript)
+                                    else item[0] + " " + item[1] for item in train_pairs)
 
 
 @torch.no_grad()
@@ -145,15 +164,16 @@ def main(cfg: Config) -> dict:
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "sft")
 
     # ---- data
-    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed)
-    train_pairs, eval_pairs = load_demonstrations(cfg, task)
+    env_class, env_name = load_env(cfg.env) if cfg.env else (None, "")
+    task = None if cfg.data or cfg.env else get_task(cfg.task, seed=cfg.seed)
+    train_pairs, eval_pairs = load_demonstrations(cfg, task, env_class)
     if resumed:
         tokenizer = tokenizer_from_state(resumed["tokenizer"])
         if task is not None:  # resumed with another --task: its text would be <unk>
             task.check_vocabulary(tokenizer, cfg.out_dir, fix="resume with the --task it "
                                   "started with, or pass another --out_dir to start anew")
     else:
-        tokenizer = make_tokenizer(cfg, task, train_pairs)
+        tokenizer = make_tokenizer(cfg, task, train_pairs, env_class)
 
     # ---- model: built as the first run built it (so resuming with other model options
     # fails naming the tensor that does not fit, and a LoRA run finds its base again)
@@ -199,6 +219,15 @@ def main(cfg: Config) -> dict:
 
     def evaluate(step: int) -> dict:
         figures = {"eval_loss": eval_loss(model, eval_data, cfg.batch_size, device, ctx)}
+        if env_class is not None:  # held-out episodes, played as RL will play them
+            gen = torch.Generator(device=device).manual_seed(cfg.seed + step)
+            source = EpisodeSource(env_class, env_name, tokenizer, cfg.max_turns)
+            with ctx:
+                played, transcripts = play_and_measure(model, source, range(cfg.eval_prompts),
+                                                       cfg, cfg.batch_size, gen)
+            figures.update(played)
+            for transcript in transcripts[:2]:
+                tqdm.write("  " + " | ".join(f"{role} {text}" for role, text in transcript))
         if task is not None:
             gen = torch.Generator(device=device).manual_seed(cfg.seed + step)
             with ctx:

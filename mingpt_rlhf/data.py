@@ -2,7 +2,11 @@
 
 File formats (one JSON object per line; blank lines are skipped):
 - SFT demonstrations (`train_sft.py --data`): {"prompt": ..., "response": ...}, or {"text": ...}
-  alone (then every token is trained on).
+  alone (then every token is trained on), or a whole episode with an environment,
+  {"turns": [{"role": "env", "text": ...}, {"role": "policy", "text": ...}, ...]}: the
+  environment's opening first, then turns in any order; the loss is on the policy's turns
+  only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its own,
+  as an episode holds it (episodes.encode_transcript).
 - Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
   (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both hold
   the whole dialogue).
@@ -59,10 +63,11 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
                             f"JSON object") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-        fits = [alt for alt in required if all(isinstance(obj.get(k), str) for k in alt)]
+        fits = [alt for alt in required
+                if all(isinstance(obj.get(k), list if k == "turns" else str) for k in alt)]
         if not fits:
-            wanted = " or ".join("{" + ", ".join(f'"{k}": str' for k in alt) + "}"
-                                 for alt in required)
+            wanted = " or ".join("{" + ", ".join(f'"{k}": {"[...]" if k == "turns" else "str"}'
+                                                 for k in alt) + "}" for alt in required)
             raise UserError(f"{path}:{n}: expected {wanted}, got keys {sorted(obj)}")
         rows.append((n, obj))
     if not rows:
@@ -70,9 +75,33 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
     return rows
 
 
-def load_sft_jsonl(path: str) -> list[tuple[str, str]]:
-    rows = read_jsonl(path, [["prompt", "response"], ["text"]], "SFT data")
-    return [(o["prompt"], o["response"]) if "response" in o else ("", o["text"]) for _, o in rows]
+def load_sft_jsonl(path: str) -> list:
+    """Demonstrations: (prompt, response) pairs, and `Transcript`s for episode lines."""
+    rows = read_jsonl(path, [["prompt", "response"], ["text"], ["turns"]], "SFT data")
+    return [(o["prompt"], o["response"]) if "response" in o else
+            ("", o["text"]) if "text" in o else transcript_of(o["turns"], f"{path}:{n}")
+            for n, o in rows]
+
+
+class Transcript(list):
+    """An episode's turns [(role, text), ...], role "env" or "policy", the opening first."""
+
+
+def transcript_of(turns: list, where: str) -> Transcript:
+    """A Transcript from a JSONL line's "turns", or a UserError at `where` (file:line)."""
+    out = Transcript()
+    for i, turn in enumerate(turns):
+        if not (isinstance(turn, dict) and turn.get("role") in ("env", "policy")
+                and isinstance(turn.get("text"), str)):
+            raise UserError(f"{where}: turn {i + 1} must be {{\"role\": \"env\" or \"policy\", "
+                            f"\"text\": str}}, got {str(turn)[:60]}")
+        out.append((turn["role"], turn["text"]))
+    if not out or out[0][0] != "env":
+        raise UserError(f"{where}: an episode starts with the environment's opening "
+                        f"(role \"env\"); put it first")
+    if not any(role == "policy" for role, _ in out):
+        raise UserError(f"{where}: the episode has no policy turn, nothing to learn from")
+    return out
 
 
 def load_preference_jsonl(path: str):
@@ -195,8 +224,8 @@ class SFTData:
     """Encoded demonstrations and the batches of next-token targets made from them."""
 
     def __init__(self, tokenizer, pairs, block_size: int, loss_on_prompt: bool = False):
-        encoded = [encode_example(tokenizer, p, r, block_size) for p, r in pairs]
-        self.examples = [e for e in encoded if e is not None]
+        encoded = [self.encode(tokenizer, item, block_size) for item in pairs]
+        self.examples = [e for e in encoded if e is not None]  # (ids, trained: 1 per id)
         self.skipped = len(encoded) - len(self.examples)
         if not self.examples:
             raise UserError(f"every example is longer than the block size {block_size}; "
@@ -204,20 +233,36 @@ class SFTData:
         self.pad_id = tokenizer.pad_id
         self.loss_on_prompt = loss_on_prompt
 
+    @staticmethod
+    def encode(tokenizer, item, block_size: int):
+        """(ids, trained) of a (prompt, response) pair (cut from the left of the prompt to fit)
+        or a Transcript (skipped when it does not fit: an episode cut anywhere would lose its
+        opening or its end), or None when it cannot fit."""
+        if isinstance(item, Transcript):
+            from .episodes import encode_transcript
+            ids, acted = encode_transcript(tokenizer, item)
+            return (ids, acted) if len(ids) <= block_size else None
+        encoded = encode_example(tokenizer, *item, block_size)
+        if encoded is None:
+            return None
+        ids, n_prompt = encoded
+        return ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)
+
     def __len__(self):
         return len(self.examples)
 
     def batch(self, indices):
         """(inputs, targets), both (B, T-1). targets[b, t] is the token at t+1 (the logit at t
-        predicts the next token), or IGNORE where it is padding, or a prompt token (unless
-        `loss_on_prompt`): the model is taught to answer, not to write prompts."""
+        predicts the next token), or IGNORE where it is padding, or a token the policy did not
+        write (a prompt's, an environment's), unless `loss_on_prompt`: the model is taught to
+        answer, not to write prompts."""
         rows = [self.examples[i] for i in indices]
         ids, mask = right_pad([ids for ids, _ in rows], self.pad_id)
         targets = ids[:, 1:].clone()
         targets[mask[:, 1:] == 0] = IGNORE
         if not self.loss_on_prompt:
-            for b, (_, n_prompt) in enumerate(rows):
-                targets[b, :max(0, n_prompt - 1)] = IGNORE  # targets before the first response token
+            trained, _ = right_pad([flags for _, flags in rows], 0)
+            targets[trained[:, 1:] == 0] = IGNORE
         return ids[:, :-1], targets
 
 

@@ -230,7 +230,9 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
-        if past + T > self.config.block_size:
+        # positions, not columns, must fit: a caller that numbers its own positions (episodes,
+        # with padding between turns) may hold more columns than block_size in its cache
+        if position_ids is None and past + T > self.config.block_size:
             raise ValueError(f"sequence of {past + T} tokens is longer than block_size "
                              f"{self.config.block_size}")
         # no padding anywhere: take the unmasked fast path. Not asked in a decoding step of one

@@ -12,7 +12,8 @@ generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 af
    token (Ziegler et al. 2019; InstructGPT).
 3. `gae`: generalised advantage estimation (Schulman et al. 2016), a reversed loop:
    delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1},
-   with V and A equal to 0 past the last real token; returns = A + V.
+   with V and A equal to 0 past the last real token; returns = A + V. In a multi-turn
+   episode (episodes.py) t + 1 is the next *action*: the environment's tokens are skipped.
 4. `ReplayBuffer`: the experiences of one or more rollout batches, reshuffled into
    minibatches every epoch and cleared after the update (PPO is on-policy).
 5. `policy_loss`: max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), masked mean.
@@ -125,16 +126,27 @@ def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
 
 # ----------------------------------------------------------------------------- rewards, GAE
 def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: float):
-    """(B, N) rewards: -kl_coef * (logp - ref_logp) per token, + score on the last real token."""
+    """(B, N) rewards: -kl_coef * (logp - ref_logp) per token, + score on the last real token.
+    `scores` (B,), or (B, N) rewards already placed (an episode's, on each turn's last action)."""
     rewards = -kl_coef * (logprobs - ref_logprobs) * action_mask
+    if scores.dim() == 2:
+        return rewards + scores * action_mask
     last = last_action_index(action_mask)
     rewards[torch.arange(len(scores)), last] += scores
     return rewards
 
 
 def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
-    """(advantages, returns), both (B, N). Positions after the last real token are zeros, so
-    the last real token bootstraps from V = 0: the episode ends there."""
+    """(advantages, returns), both (B, N), 0 wherever `action_mask` is 0.
+
+    Positions where the mask is 0 are not steps of the episode: padding after the last
+    action, and in a multi-turn episode the environment's tokens between two turns (the holes
+    of episodes.py). The loop steps over them: the value and advantage carried back from the
+    next action pass through unchanged, so a turn's last action bootstraps from the next
+    turn's first action, and the last action of all bootstraps from V = 0 (the episode ends
+    there). GAE over a sequence with holes equals GAE over the same sequence with the holes
+    cut out (tests/test_episodes.py)."""
+    acted = action_mask.bool()
     rewards, values = rewards * action_mask, values * action_mask
     N = rewards.size(1)
     advantages = torch.zeros_like(rewards)
@@ -142,9 +154,11 @@ def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
     next_value = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(N)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_adv = delta + gamma * lam * next_adv
-        advantages[:, t] = next_adv
-        next_value = values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = adv
+        # a hole leaves the carried value and advantage as they were
+        next_adv = torch.where(acted[:, t], adv, next_adv)
+        next_value = torch.where(acted[:, t], values[:, t], next_value)
     advantages = advantages * action_mask
     return advantages, (advantages + values) * action_mask
 

@@ -47,7 +47,8 @@ from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  masked_mean, masked_whiten, policy_loss, reduce_tokens, value_loss)
+                  last_action_index, masked_mean, masked_whiten, policy_loss, reduce_tokens,
+                  value_loss)
 from .sampling import GenerationOutput, generate
 
 
@@ -61,7 +62,7 @@ def resolve_auto_options(cfg):
 
     - actor_lr -1: 1e-4 with the task's own check as reward (`cfg.reward == "task"`), else
       5e-5 (docs/rewards.md measured both);
-    - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo;
+    - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
     - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise.
 
@@ -71,9 +72,9 @@ def resolve_auto_options(cfg):
     algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
     auto = {}
     if cfg.actor_lr == -1:
-        auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") == "task" else 5e-5
-    if cfg.ptx_coef == -1:
-        auto["ptx_coef"] = 0.02 if algo == "ppo" else 0.0
+        auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") in ("task", "env") else 5e-5
+    if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
+        auto["ptx_coef"] = 0.02 if algo == "ppo" and not getattr(cfg, "env", "") else 0.0
     if cfg.kl_in == "auto":
         auto["kl_in"] = "loss" if algo == "grpo" and norm == "grpo" else "reward"
     if cfg.reduction == "auto":
@@ -91,7 +92,7 @@ def resolve_auto_options(cfg):
 class PPOTrainer:
     def __init__(self, cfg, actor, ref, reward_fn, critic=None, value_head=None,
                  eos_id: int | None = 1, pad_id: int = 0, kl_ctl=None, ptx_data=None,
-                 amp=contextlib.nullcontext, dtype: torch.dtype = torch.float32):
+                 amp=contextlib.nullcontext, dtype: torch.dtype = torch.float32, episodes=None):
         """`cfg` holds the PPO options (see train_ppo.Config). Give `critic` (separate) or
         `value_head` (shared: a heads.ScalarHead on the actor's trunk, float32), not both.
         `ref=None` with a LoRA actor: the reference is the actor with its adapters off.
@@ -102,7 +103,9 @@ class PPOTrainer:
         `amp()` gives the mixed-precision context for forward passes. It must not span an
         optimizer step: autocast caches low-precision copies of the weights for as long as
         it is open, and they would go stale after the update. `dtype` is autocast's dtype
-        (float16 turns on loss scaling)."""
+        (float16 turns on loss scaling). `episodes` (episodes.EpisodeSource): roll out
+        episodes with an environment instead of single turns (`play`); `reward_fn` is then
+        unused (the environment gives the rewards)."""
         cfg = resolve_auto_options(cfg)
         if cfg.actor_lr <= 0 or cfg.ptx_coef < 0:  # a sentinel no one resolved, or a typo
             raise ValueError(f"actor_lr must be > 0 and ptx_coef >= 0 (or -1 for auto), got "
@@ -133,6 +136,10 @@ class PPOTrainer:
         self.reuse_sampler_logprobs = dtype == torch.float32
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
         self.kl_in, self.reduction = cfg.kl_in, cfg.reduction
+        self.episodes = episodes
+        # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
+        # a response's max_new_tokens, or every turn's of an episode
+        self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -219,19 +226,75 @@ class PPOTrainer:
     @torch.no_grad()
     def make_experience(self, prompt_ids, prompt_mask, generator=None, for_update: bool = True,
                         fields: dict | None = None) -> tuple[Experience, dict]:
-        """One rollout batch: sample with `generator` (on the model's device), then score.
-        GRPO / RLOO batches hold groups of `group_size` rows with the same prompt; an eval
-        batch (`for_update=False`) need not, and gets no advantages. `fields` (name -> one
-        value per row) go to the reward function (rewards.py)."""
+        """One rollout batch of single turns: sample with `generator` (on the model's device),
+        score with the reward function, then `experience_from`. GRPO / RLOO batches hold
+        groups of `group_size` rows with the same prompt; an eval batch (`for_update=False`)
+        need not, and gets no advantages. `fields` (name -> one value per row) go to the
+        reward function (rewards.py)."""
         cfg = self.cfg
         t0 = time.time()
         out = self.sample(prompt_ids, prompt_mask, generator, score=self.reuse_sampler_logprobs)
-        seqs, attn = out.sequences, out.attention_mask
         t1 = time.time()
         T = prompt_ids.size(1)
-        responses = seqs[:, T:]                                         # (B, N)
+        responses = out.sequences[:, T:]                                # (B, N)
         action_mask = out.action_mask[:, T:].float()                    # (B, N)
+        # one call per rollout batch (a reward computed by code sees all of it), outside the
+        # policy's autocast (the reward model applies it itself, a user's scorer does not)
+        raw = self.reward_fn(out.sequences, out.attention_mask, action_mask,
+                             **(fields or {})).float()
+        scores = raw
+        # a reward model's scores are normalised, so +-reward_clip cuts only its outliers; a
+        # reward from code is used as returned (0 = off)
+        if cfg.reward_clip > 0 and getattr(self.reward_fn, "clipped", True):
+            scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
+        if self.eos_id is None:  # a task without EOS: every response is complete
+            ended = torch.ones_like(scores, dtype=torch.bool)
+        else:
+            ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
+        # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
+        # opinion of a half-written text
+        scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
+        # the score lands on the last action: a single turn is the episode of one turn
+        placed = torch.zeros_like(action_mask)
+        placed[torch.arange(len(scores)), last_action_index(action_mask)] = scores
+        return self.experience_from(out, action_mask, placed, raw, ended, prompt_ids,
+                                    for_update, t1 - t0, t1)
 
+    @torch.no_grad()
+    def play(self, seeds: list[int], generator=None, for_update: bool = True):
+        """One rollout batch of episodes with the environment, one per seed (episodes.py),
+        then `experience_from`: (Experience, stats, Episodes). GRPO / RLOO batches hold groups
+        of `group_size` episodes with the same seed. The environment's tokens are masked out of
+        every loss (unless `episodes.mask_env` is False, which exists to show what the mask is
+        for), and each step's reward sits on its turn's last action."""
+        cfg, source = self.cfg, self.episodes
+        t0 = time.time()
+        # the sampler's log-probs serve when only the actions need them; unmasked
+        # environment tokens were never sampled, so the scoring pass computes theirs
+        score = self.reuse_sampler_logprobs and source.mask_env
+        with self.amp():
+            ep = source.play(self.actor, seeds, cfg, generator, score)
+        t1 = time.time()
+        T = ep.prompt_len
+        action_mask = (ep.action_mask if source.mask_env else ep.attention_mask)[:, T:].float()
+        keys = torch.tensor(seeds, device=ep.sequences.device)[:, None]  # a group's seed
+        exp, stats = self.experience_from(ep, action_mask, ep.rewards, ep.returns, ep.done, keys,
+                                          for_update, t1 - t0, t1)
+        stats["turns"] = ep.turns.float().mean().item()
+        return exp, stats, ep
+
+    def experience_from(self, out: GenerationOutput, action_mask, placed, raw, ended, group_keys,
+                        for_update: bool, t_generate: float, t_scored: float) -> tuple[Experience, dict]:
+        """Experience from a sampled batch, wherever it came from (a single turn, an episode):
+        `out` has the sequences (B, T + N) and, when the sampler kept them, its log-probs;
+        `action_mask` (B, N) marks the tokens the policy chose (holes where an environment
+        spoke); `placed` (B, N) the rewards where they land (the score on the last action, or
+        each step's on its turn's last action); `raw` (B,) the reward before clipping (logged);
+        `ended` (B,) whether each ended properly (EOS, or the environment's done);
+        `group_keys` (B, ...) the prompts (or seeds) that prove each group shares its start."""
+        cfg = self.cfg
+        seqs, attn = out.sequences, out.attention_mask
+        T = out.prompt_len
         # score in slices of score_batch_size rows (default: minibatch_size): the activations
         # of a whole rollout batch of long sequences would set the peak memory of the iteration
         parts = []
@@ -250,39 +313,23 @@ class PPOTrainer:
             val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
             parts.append((lp, ent, val, ref_lp))
         logprobs, entropy, values, ref_logprobs = (torch.cat(x) for x in zip(*parts))
-        # one call per rollout batch (a reward computed by code sees all of it), outside the
-        # policy's autocast (the reward model applies it itself, a user's scorer does not)
-        raw = self.reward_fn(seqs, attn, action_mask, **(fields or {})).float()
         logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
         values = values * action_mask
-
-        scores = raw
-        # a reward model's scores are normalised, so +-reward_clip cuts only its outliers; a
-        # reward from code is used as returned (0 = off)
-        if cfg.reward_clip > 0 and getattr(self.reward_fn, "clipped", True):
-            scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
-        if self.eos_id is None:  # a task without EOS: every response is complete
-            ended = torch.ones_like(scores, dtype=torch.bool)
-        else:
-            ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
-        # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
-        # opinion of a half-written text
-        scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
+        scores = placed.sum(-1)                                         # (B,) the return
 
         kl_coef = self.kl_ctl.value
-        kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over tokens
+        kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over actions
         if cfg.algo == "ppo":
-            rewards = kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef)
+            rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
             advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
             advantages = masked_whiten(advantages, action_mask, all_ranks=for_update)
         else:  # one reward per response, its advantage on every token; no values, no returns
             rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores
-            advantages = (self.group_baselined(rewards, seqs[:, :T]) if for_update
+            advantages = (self.group_baselined(rewards, group_keys) if for_update
                           else torch.zeros_like(rewards))[:, None] * action_mask
             rewards, returns = rewards[:, None] * action_mask, torch.zeros_like(values)
         exp = Experience(seqs, attn, action_mask, logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores)
-        t2 = time.time()
 
         stats = {
             "rm_score": raw.mean().item(),
@@ -293,7 +340,7 @@ class PPOTrainer:
             "resp_len": action_mask.sum(-1).mean().item(),
             "gen_tokens": action_mask.sum().item(),  # generated tokens, summed (the cost)
             "eos_rate": ended.float().mean().item(),
-            "t_generate": t1 - t0, "t_score": t2 - t1,
+            "t_generate": t_generate, "t_score": time.time() - t_scored,
         }
         if cfg.algo == "ppo":
             stats["explained_var"] = explained_variance(values, returns, action_mask)
@@ -303,10 +350,10 @@ class PPOTrainer:
 
     def group_baselined(self, rewards, prompts):
         """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards; `prompts`
-        (B, T) proves that each group of rows answers one prompt."""
+        (B, T) (or an episode's seed, (B, 1)) proves that each group of rows shares its start."""
         k = self.cfg.group_size
         same = (prompts.view(-1, k, prompts.size(1)) == prompts[::k, None]).all()
-        assert same, "a group of responses must share its prompt (rows g*k .. g*k + k - 1)"
+        assert same, "a group of responses must share its prompt or seed (rows g*k .. g*k + k - 1)"
         if self.cfg.algo == "rloo":
             return leave_one_out_advantages(rewards, k)
         return group_advantages(rewards, k, normalise_std=self.cfg.grpo_norm == "grpo")
@@ -345,7 +392,7 @@ class PPOTrainer:
                 tokens = tokens_per_rank(mb.action_mask)
                 pg_loss, clipfrac, approx_kl = policy_loss(
                     logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
-                    self.reduction, cfg.max_new_tokens, tokens)
+                    self.reduction, self.budget, tokens)
                 # under torchrun: the whole minibatch's approx-KL, one decision for every rank
                 if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
@@ -357,7 +404,7 @@ class PPOTrainer:
                 figures = {}
                 if self.kl_in == "loss":  # GRPO: beta * k3 per token, reduced like the surrogate
                     kl_loss = reduce_tokens(k3_kl(logprobs, mb.ref_logprobs), mb.action_mask,
-                                            self.reduction, cfg.max_new_tokens, tokens)
+                                            self.reduction, self.budget, tokens)
                     actor_loss = actor_loss + self.kl_ctl.value * kl_loss
                     figures["kl_loss"] = kl_loss
                 if self.value_head is not None:  # shared trunk: one loss, one optimizer
@@ -412,11 +459,17 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one iteration
     def step(self, prompt_batches, sample_gen=None, shuffle_gen=None) -> tuple[list[Experience], dict]:
-        """Rollouts for each (prompt_ids, prompt_mask) batch, one update, KL coefficient update.
+        """Rollouts for each (prompt_ids, prompt_mask) batch (or list of episode seeds, with an
+        environment), one update, KL coefficient update.
         `sample_gen` draws tokens (model's device), `shuffle_gen` orders minibatches (CPU)."""
         experiences, roll = [], []
-        for ids, mask, *fields in prompt_batches:  # (ids, mask) or (ids, mask, fields)
-            exp, stats = self.make_experience(ids, mask, sample_gen, fields=fields[0] if fields else None)
+        for batch in prompt_batches:  # (ids, mask), (ids, mask, fields), or seeds of episodes
+            if self.episodes is not None:
+                exp, stats, _ = self.play(batch, sample_gen)
+            else:
+                ids, mask, *fields = batch
+                exp, stats = self.make_experience(ids, mask, sample_gen,
+                                                  fields=fields[0] if fields else None)
             self.buffer.add(exp)
             experiences.append(exp)
             roll.append(stats)

@@ -148,21 +148,22 @@ def fields_taken(function) -> set | None:
     return {p.name for p in params[len(positional[:2]):] if p.kind is not p.VAR_POSITIONAL}
 
 
-def load_function(spec: str):
-    """(function, name) from "path/to/file.py:function" or "package.module:function"."""
+def load_function(spec: str, flag: str = "--reward", kind: str = "FUNCTION"):
+    """(object, name) from "path/to/file.py:name" or "package.module:name": a reward function
+    (`flag` --reward) or an environment class (--env, `kind` CLASS)."""
+    example = "my_reward.py:score" if kind == "FUNCTION" else "my_env.py:MyEnv"
     if ":" not in spec:
-        raise UserError(f"--reward {spec!r} is not rm, task, FILE.py:FUNCTION or "
-                        f"MODULE:FUNCTION")
+        raise UserError(f"{flag} {spec!r} is not FILE.py:{kind} or MODULE:{kind}")
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
-        raise UserError(f"--reward {spec!r}: name both a file or module and a function, "
-                        f"e.g. my_reward.py:score")
+        raise UserError(f"{flag} {spec!r}: name both a file or module and a {kind.lower()}, "
+                        f"e.g. {example}")
     try:
         if where.endswith(".py"):
             if not os.path.isfile(where):
-                raise UserError(f"--reward: no file {where}; pass the path of a .py file")
+                raise UserError(f"{flag}: no file {where}; pass the path of a .py file")
             module_spec = importlib.util.spec_from_file_location(
-                f"reward_{os.path.splitext(os.path.basename(where))[0]}", where)
+                f"user_{os.path.splitext(os.path.basename(where))[0]}", where)
             module = importlib.util.module_from_spec(module_spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(where)))  # its own imports
             try:
@@ -174,17 +175,18 @@ def load_function(spec: str):
     except UserError:
         raise
     except ModuleNotFoundError as e:
-        raise UserError(f"--reward: cannot import {where} ({e}); pass FILE.py:FUNCTION or an "
-                        f"installed MODULE:FUNCTION") from None
+        raise UserError(f"{flag}: cannot import {where} ({e}); pass FILE.py:{kind} or an "
+                        f"installed MODULE:{kind}") from None
     except Exception as e:
-        raise UserError(f"--reward: importing {where} raised {type(e).__name__}: "
+        raise UserError(f"{flag}: importing {where} raised {type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
-    function = getattr(module, attr, None)
-    if function is None:
-        raise UserError(f"--reward: {where} has no {attr!r}; name a function defined there")
-    if not callable(function):
-        raise UserError(f"--reward: {where}:{attr} is a {type(function).__name__}, not a function")
-    return function, f"{where}:{attr}"
+    found = getattr(module, attr, None)
+    if found is None:
+        raise UserError(f"{flag}: {where} has no {attr!r}; name a {kind.lower()} defined there")
+    if not callable(found):
+        raise UserError(f"{flag}: {where}:{attr} is a {type(found).__name__}, not a "
+                        f"{kind.lower()}")
+    return found, f"{where}:{attr}"
 
 
 def task_reward(task, tokenizer) -> TextReward:

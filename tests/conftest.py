@@ -148,3 +148,14 @@ def first_minibatch_kl(monkeypatch):
     monkeypatch.setattr(ppo_trainer, "policy_loss", policy_loss)
     monkeypatch.setattr(ppo_trainer.PPOTrainer, "learn", learn)
     return seen
+
+
+@pytest.fixture(scope="session")
+def guess_sft(tmp_path_factory):
+    """A tiny SFT policy of the built-in guessing game (its teacher's episodes), shared
+    read-only by the episode tests: its folder."""
+    import train_sft
+    from test_scripts import sft_cfg
+    out = tmp_path_factory.mktemp("guess") / "sft"
+    train_sft.main(sft_cfg(out, env="guess", max_new_tokens=3, eval_prompts=8, max_turns=6))
+    return out

@@ -52,7 +52,7 @@ def resume_run(root):
 
 
 @pytest.fixture(scope="module")
-def launched(stages, rm_unnormalised, dpo_run, tmp_path_factory):
+def launched(stages, rm_unnormalised, dpo_run, guess_sft, tmp_path_factory):
     """One torchrun launch of 2 processes that runs each test's job in turn (ddp_worker.py
     jobs): the folder that holds every job's OUT, named after the job."""
     root, out = stages[0], tmp_path_factory.mktemp("torchrun")
@@ -81,6 +81,10 @@ def launched(stages, rm_unnormalised, dpo_run, tmp_path_factory):
         ["run", out, "train_ppo", *options(out_dir=out / "straight", **resume_run(root))],
         ["kill", out, "train_ppo", *options(out_dir=out / "killed", **resume_run(root))],
         ["grad", out / "grad", "-"],
+        # episodes with the guessing game: every rank plays whole groups (one seed each)
+        ["run", out, "train_ppo", *options(out_dir=out / "episodes", sft_dir=guess_sft,
+                                           env="guess", algo="grpo", group_size=4,
+                                           max_turns=6, **{**PPO, "max_new_tokens": 3})],
         ["ppo_probe", out / "probe", "train_ppo", *options(
             out_dir=out / "probe" / "ppo", sft_dir=root / "sft", rm_dir=root / "rm",
             target_kl=1e-3, **PPO)],
@@ -197,6 +201,16 @@ def test_grpo_groups_stay_whole_on_one_process(launched):
     assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2  # each rank's random streams
     assert ckpt["config"]["reward"].endswith("same_field.py:score")
     assert metrics(launched / "grpo", "reward")  # scored by the function, every iteration
+
+
+def test_episodes_train_on_two_processes(launched):
+    """Each rank plays its share of the episodes (whole groups) and the run logs the game's
+    figures of the whole batch: success is a share of 16 episodes, turns a mean of them."""
+    ckpt = torch.load(launched / "episodes" / "ckpt.pt", weights_only=False)
+    assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2 and ckpt["config"]["env"] == "guess"
+    success = metrics(launched / "episodes", "success")
+    assert len(success) == 4 and all((s * 16).is_integer() for _, s in success)
+    assert all(1 <= t <= 6 for _, t in metrics(launched / "episodes", "turns"))
 
 
 def test_each_process_gets_whole_groups_or_the_run_is_refused():

@@ -1,0 +1,441 @@
+"""Episodes with an environment: multi-turn rollouts, kept as one token sequence each.
+
+A single-turn rollout is a prompt and one response. An episode is a conversation: the
+environment opens, the policy answers, the environment replies (a game's verdict, a tool's
+output, a checker's message), the policy answers again, until the environment says the
+episode is done. The policy learns from the whole episode at once.
+
+The environment is any class with two methods, constructed with no arguments, one instance
+per episode:
+
+    class MyEnv:
+        def reset(self, seed: int) -> str: ...                        # the opening text
+        def step(self, action: str) -> tuple[str, float, bool]: ...   # (reply, reward, done)
+
+`step` is called after each policy turn with that turn's text: its tokens up to the
+end-of-turn token (EOS), decoded, EOS left out. Its reward is the reward of that turn; the
+reply is what the policy reads next. An episode ends when `step` says done (its last reply is
+kept in the transcript but never tokenized: nothing reads it), after `max_turns` policy turns,
+or when the next turn would not fit in the model's context (its reply and `max_new_tokens`
+more tokens). Seeds below `HELD_OUT_SEEDS` are held out: the evaluation plays seeds 0, 1, 2,
+...; training draws its seeds from a million upwards.
+
+How an episode becomes what PPO, GRPO and RLOO already learn from:
+
+1. **One sequence, token in, token out.** The opening and each reply are tokenized once, when
+   they arrive, and appended; the policy's tokens are the ids it sampled. The history is never
+   decoded and encoded again (with BPE that round trip can give other ids than were sampled,
+   and the log-probs the learner computes would then be of tokens the policy never wrote).
+2. **A mask with holes.** In the response columns of the sequence, `action_mask` is 1 on the
+   policy's tokens and 0 on the environment's: the replies are attended to (context) but are
+   not actions. The trainer masks every per-token quantity with it, so the environment's
+   tokens get no policy loss, no KL, no entropy, no value loss, and count in no token mean.
+   GAE steps over the holes (ppo.gae): the value after a turn's last action is the value at
+   the next turn's first action.
+3. **Rewards on the turn's last action.** Each `step` reward lands on the last token of the
+   turn it judged (`Episodes.rewards`); an episode's return is their sum (GRPO and RLOO use
+   it as the sequence's reward). With one reward at the end, it sits on the last action.
+4. **All live episodes take their turn together**, continuing from the KV cache: the policy
+   writes the turn token by token until each row has written EOS (or `max_new_tokens`), then
+   each row's last token and its reply are fed in one pass, left-padded so that every row's
+   last column is a real token (the logits there choose the next turn's first token).
+   Positions count each row's real tokens, so the padding between turns shifts nothing.
+   An episode that ends leaves the batch: its rows of the KV cache are dropped and it costs
+   nothing more.
+5. **Compact rows at the end.** The batched layout has padding between turns; the episodes
+   are returned with it removed: each row is [left padding][opening][turn, reply, turn, ...]
+   [right padding], the layout of a single-turn rollout (sampling.GenerationOutput), so the
+   trainer needs nothing else. A single-turn rollout is the episode of one turn.
+
+With `score=True` the log-prob, entropy and hidden state of every action token are kept from
+sampling (as sampling.generate does): in float32 they equal a fresh forward pass over the
+whole episode to rounding (tests/test_episodes.py checks it).
+
+Try it:  python sample.py --ckpt_dir out/guess/sft --env guess   (after docs/multiturn.md's
+         first commands; --play_env lets you play the environment's part)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .errors import UserError
+from .logprobs import tempered_logprobs
+from .model import position_ids_from_mask
+from .sampling import GenerationOutput, next_token_logits, sample_next
+
+HELD_OUT_SEEDS = 1_000_000  # eval episodes use seeds below this, training episodes at or above
+
+
+# ----------------------------------------------------------------------------- environments
+def builtin_environments() -> dict:
+    from .env_guess import GuessNumber
+    return {"guess": GuessNumber}
+
+
+def load_env(spec: str):
+    """(environment class, name) from a built-in name, FILE.py:CLASS or MODULE:CLASS; one
+    instance is built to check that it takes no arguments and has reset and step."""
+    builtin = builtin_environments()
+    if spec in builtin:
+        env_class, name = builtin[spec], spec
+    elif ":" not in spec:
+        raise UserError(f"--env {spec!r} is not a built-in environment ({', '.join(builtin)}), "
+                        f"FILE.py:CLASS or MODULE:CLASS")
+    else:
+        from .rewards import load_function
+        env_class, name = load_function(spec, flag="--env", kind="CLASS")
+    try:
+        env = env_class()
+    except Exception as e:
+        raise UserError(f"--env {name}: building it with no arguments raised "
+                        f"{type(e).__name__}: {_first_line(e)}; its __init__ must take none "
+                        f"(reset(seed) starts an episode)") from None
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise UserError(f"--env {name} has no method {method}(); an environment needs "
+                            f"reset(seed) -> str and step(action) -> (str, float, bool)")
+    return env_class, name
+
+
+def environment_figures(env_class, transcripts, returns: list[float]) -> dict:
+    """The environment's own figures of a batch of episodes, when it defines a classmethod
+    `figures(transcripts, returns) -> dict` (the built-in game: success, and where the
+    guesses fall); `transcripts` is None when only the returns are at hand."""
+    figures = getattr(env_class, "figures", None)
+    return dict(figures(transcripts, returns)) if callable(figures) else {}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+class Env:
+    """One episode's environment, with every call checked: an exception or a wrong type stops
+    the run with one line naming the environment, the episode's seed and the turn."""
+
+    def __init__(self, env_class, name: str, seed: int):
+        self.name, self.seed, self.turn = name, seed, 0
+        self.env = self._call(env_class, "__init__")
+
+    def _call(self, method, what: str, *args):
+        try:
+            return method(*args)
+        except UserError:
+            raise
+        except Exception as e:
+            raise UserError(f"environment {self.name}: {what} raised {type(e).__name__}: "
+                            f"{_first_line(e)} (episode seed {self.seed}, turn {self.turn}); "
+                            f"fix the environment") from None
+
+    def reset(self) -> str:
+        text = self._call(self.env.reset, "reset", self.seed)
+        if not isinstance(text, str):
+            raise UserError(f"environment {self.name}: reset returned {str(text)[:40]} "
+                            f"({type(text).__name__}), not the opening text (str) (episode seed "
+                            f"{self.seed})")
+        return text
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        self.turn += 1
+        out = self._call(self.env.step, "step", action)
+        where = f"(episode seed {self.seed}, turn {self.turn})"
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise UserError(f"environment {self.name}: step returned {type(out).__name__} "
+                            f"{str(out)[:40]!r}, not (reply: str, reward: float, done: bool) "
+                            f"{where}")
+        reply, reward, done = out
+        if not isinstance(reply, str):
+            raise UserError(f"environment {self.name}: step's reply is a "
+                            f"{type(reply).__name__}, not a str {where}")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) \
+                or not math.isfinite(reward):
+            raise UserError(f"environment {self.name}: step's reward {reward!r} is not a finite "
+                            f"number {where}")
+        if not isinstance(done, bool):
+            raise UserError(f"environment {self.name}: step's done is a {type(done).__name__}, "
+                            f"not a bool {where}")
+        return reply, float(reward), done
+
+    def encode(self, tokenizer, text: str, what: str) -> list[int]:
+        """The ids of an opening or a reply, refused when empty or when the tokenizer cannot
+        write it (a word it does not know would be <unk>: the policy could not read it)."""
+        ids = tokenizer.encode(text)
+        where = f"(episode seed {self.seed}, turn {self.turn})"
+        if not ids:
+            raise UserError(f"environment {self.name}: the {what} {text!r} encodes to no tokens "
+                            f"{where}; give it at least one word")
+        unk = getattr(tokenizer, "unk_id", None)
+        bad = [w for w, i in zip(text.split(), ids) if i in (unk, tokenizer.pad_id)] \
+            if unk is not None else [i for i in ids if i == tokenizer.pad_id]
+        if bad:
+            raise UserError(f"environment {self.name}: the {what} {text!r} has words the "
+                            f"policy's tokenizer cannot encode ({', '.join(map(str, bad[:3]))}) "
+                            f"{where}; use the words of its vocabulary, or train the SFT policy "
+                            f"on transcripts that contain them")
+        return ids
+
+
+# ----------------------------------------------------------------------------- episodes
+@dataclass
+class Episodes(GenerationOutput):
+    """Played episodes in the layout of a single-turn rollout (sequences and masks (B, T + N),
+    the opening in the prompt's place), plus what the environment said. `action_mask` is 1 on
+    the policy's tokens only; `attention_mask` on every real token (the replies too)."""
+    rewards: torch.Tensor | None = None   # (B, N) each step's reward on its turn's last action
+    done: torch.Tensor | None = None      # (B,) bool: the environment ended the episode
+    turns: torch.Tensor | None = None     # (B,) policy turns played
+    seeds: list = field(default_factory=list)
+    transcripts: list = field(default_factory=list)  # per episode [(role, text), ...]
+    ended_by: list = field(default_factory=list)      # per episode: env | turns | context
+
+    @property
+    def returns(self) -> torch.Tensor:
+        """(B,) each episode's return: its rewards summed (no discount)."""
+        return self.rewards.sum(-1)
+
+
+class _Record:
+    """What one episode has produced so far: its ids, who wrote each, and per action token
+    the sampler's log-prob, entropy and hidden state (with `score`), and per token a reward."""
+
+    def __init__(self, env: Env, opening: list[int]):
+        self.env, self.opening = env, opening
+        self.ids, self.acted, self.rewards = [], [], []
+        self.scores = []  # (logprobs (n,), entropy (n,), hidden (n, C)) per turn
+        self.transcript, self.ended_by, self.done = [], "", False
+
+
+def _grow(cache, columns: int) -> None:
+    """Make room in a KVCache for `columns` positions (doubling, keeping what is filled)."""
+    have = cache.kv.size(4)
+    if columns <= have:
+        return
+    kv = cache.kv.new_empty(*cache.kv.shape[:4], max(columns, 2 * have), cache.kv.size(5))
+    kv[:, :, :, :, :cache.length] = cache.kv[:, :, :, :, :cache.length]
+    cache.kv = kv
+
+
+@torch.no_grad()
+def play_episodes(model, tokenizer, env_class, seeds: list[int], max_turns: int,
+                  max_new_tokens: int, temperature: float = 1.0, top_k=None, top_p=None,
+                  generator=None, score: bool = False, env_name: str = "") -> Episodes:
+    """Play one episode per seed with `model` as the policy (module docstring). Returns the
+    episodes compacted into one left-padded opening and right-padded turns per row."""
+    if score and temperature == 0:
+        raise ValueError("score=True needs temperature > 0: greedy decoding has no log-probs")
+    name = env_name or getattr(env_class, "__name__", "env")
+    eos, pad = tokenizer.eos_id, tokenizer.pad_id
+    suppress = pad if pad != eos else None
+    block = model.config.block_size
+    device = next(model.parameters()).device
+    records = []
+    for seed in seeds:
+        env = Env(env_class, name, seed)
+        text = env.reset()
+        opening = env.encode(tokenizer, text, "opening")
+        if len(opening) + max_new_tokens > block:
+            raise UserError(f"environment {name}: the opening of episode seed {seed} is "
+                            f"{len(opening)} tokens, and a turn of --max_new_tokens "
+                            f"{max_new_tokens} more does not fit the context of {block}; "
+                            f"shorten the opening or lower --max_new_tokens")
+        record = _Record(env, opening)
+        record.transcript.append(("env", text))
+        records.append(record)
+
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top_k, top_p,
+              generator, score, eos, pad, suppress, block, device)
+    model.train(was_training)
+    return _compact(records, seeds, pad, device, score)
+
+
+def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top_k, top_p,
+          generator, score, eos, pad, suppress, block, device):
+    """The turns of `play_episodes`, filling each _Record. `live` lists the records still
+    playing, in the order of the batch's rows."""
+    live = list(records)
+    ids, mask = _left_pad([r.opening for r in live], pad, device)
+    cache = model.new_kv_cache(len(live), ids.size(1) + max_turns * (max_new_tokens + 4))
+    logits, hidden = next_token_logits(model, ids, mask, position_ids_from_mask(mask), cache, suppress)
+    n_real = mask.sum(-1)                                   # (b,) real tokens of each row so far
+    for turn in range(1, max_turns + 1):
+        # ---- the policy's turn: every live row writes until its EOS or the token budget
+        _grow(cache, cache.length + max_new_tokens)
+        b = len(live)
+        ended = torch.zeros(b, dtype=torch.bool, device=device)
+        steps = []  # per step: (token, real) and, with score, (logprob, entropy, hidden)
+        for t in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_k, top_p, generator)   # (b,)
+            real = ~ended
+            token = token.masked_fill(ended, pad)
+            ended = ended | (token == eos)
+            scores = (*tempered_logprobs(logits, token, temperature, suppress, "value"), hidden) \
+                if score else ()
+            steps.append((token, real, *scores))
+            if t + 1 == max_new_tokens or bool(ended.all()):
+                break  # the last token is fed with the reply, below
+            mask = torch.cat([mask, real.long()[:, None]], 1)
+            logits, hidden = next_token_logits(model, token[:, None], mask, n_real[:, None],
+                                               cache, suppress)
+            n_real = n_real + real.long()
+        tokens = torch.stack([s[0] for s in steps], 1)                 # (b, t)
+        reals = torch.stack([s[1] for s in steps], 1)                  # (b, t)
+        if score:
+            lps, ents, hids = (torch.stack([s[i] for s in steps], 1) for i in (2, 3, 4))
+        pending = (tokens[:, -1], reals[:, -1])  # the turn's last column, not fed in yet
+
+        # ---- the environment's turn: step each episode with its turn's text
+        keep, new_ids = [], []
+        for row, (record, token_row, real_row) in enumerate(zip(live, tokens.tolist(), reals.tolist())):
+            action = [tok for tok, r in zip(token_row, real_row) if r]
+            record.ids += action
+            record.acted += [1] * len(action)
+            record.rewards += [0.0] * len(action)
+            if score:
+                n = len(action)
+                record.scores.append((lps[row, :n].clone(), ents[row, :n].clone(),
+                                      hids[row, :n].clone()))
+            text = tokenizer.decode([tok for tok in action if tok != eos])
+            record.transcript.append(("policy", text))
+            reply, reward, done = record.env.step(text)
+            record.rewards[-1] += reward
+            record.transcript.append(("env", reply))
+            if done or turn == max_turns:
+                record.ended_by, record.done = ("env" if done else "turns"), done
+                continue
+            reply_ids = record.env.encode(tokenizer, reply, "reply")
+            pending_ids = [action[-1]] if real_row[-1] else []
+            if len(record.opening) + len(record.ids) + len(reply_ids) + max_new_tokens > block:
+                record.ended_by = "context"  # the reply and another turn do not fit
+                continue
+            record.ids += reply_ids
+            record.acted += [0] * len(reply_ids)
+            record.rewards += [0.0] * len(reply_ids)
+            keep.append(row)
+            new_ids.append(pending_ids + reply_ids)
+        if not keep:
+            return
+        # ---- finished episodes leave the batch; the others read their reply
+        if len(keep) < b:
+            index = torch.tensor(keep, device=device)
+            cache.kv = cache.kv[:, :, index]
+            mask, n_real = mask[index], n_real[index]
+            live = [live[i] for i in keep]
+        block_ids, block_mask = _left_pad(new_ids, pad, device)
+        # each row's pending token (if real) and its reply, numbered on from its real tokens
+        positions = (n_real[:, None] + block_mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([mask, block_mask], 1)
+        _grow(cache, cache.length + block_ids.size(1))
+        logits, hidden = next_token_logits(model, block_ids, mask, positions, cache, suppress)
+        n_real = n_real + block_mask.sum(-1)
+
+
+def _left_pad(rows: list[list[int]], pad: int, device):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _compact(records, seeds, pad, device, score) -> Episodes:
+    """The episodes as rows [left pad][opening][turns and replies][right pad] (module docstring)."""
+    B = len(records)
+    T = max(len(r.opening) for r in records)
+    N = max(len(r.ids) for r in records)
+    sequences = torch.full((B, T + N), pad, dtype=torch.long)
+    attention = torch.zeros(B, T + N, dtype=torch.long)
+    acted = torch.zeros(B, T + N, dtype=torch.long)
+    rewards = torch.zeros(B, N)
+    for i, r in enumerate(records):
+        t, n = len(r.opening), len(r.ids)
+        sequences[i, T - t:T + n] = torch.tensor(r.opening + r.ids)
+        attention[i, T - t:T + n] = 1
+        acted[i, T:T + n] = torch.tensor(r.acted)
+        rewards[i, :n] = torch.tensor(r.rewards)
+    logprobs = entropy = hidden = None
+    if score:
+        C = records[0].scores[0][2].size(-1)
+        logprobs, entropy = torch.zeros(B, N, device=device), torch.zeros(B, N, device=device)
+        hidden = torch.zeros(B, N, C, device=device, dtype=records[0].scores[0][2].dtype)
+        for i, r in enumerate(records):
+            where = torch.tensor(r.acted).nonzero().squeeze(-1).to(device)  # action columns
+            logprobs[i, where] = torch.cat([s[0] for s in r.scores]).float()
+            entropy[i, where] = torch.cat([s[1] for s in r.scores]).float()
+            hidden[i, where] = torch.cat([s[2] for s in r.scores])
+    return Episodes(
+        sequences.to(device), attention.to(device), acted.to(device), T, logprobs, entropy,
+        hidden, rewards=rewards.to(device),
+        done=torch.tensor([r.done for r in records], device=device),
+        turns=torch.tensor([sum(1 for role, _ in r.transcript if role == "policy") for r in records],
+                           device=device),
+        seeds=list(seeds), transcripts=[r.transcript for r in records],
+        ended_by=[r.ended_by for r in records])
+
+
+@torch.no_grad()
+def play_and_measure(model, source: "EpisodeSource", seeds, cfg, batch_size: int,
+                     generator=None) -> tuple[dict, list]:
+    """Play the episodes of `seeds` in batches and measure them: (figures, transcripts) with
+    figures reward (the mean return), turns, done_rate (the share the environment ended) and
+    the environment's own (`environment_figures`). The scripts' evals of held-out episodes."""
+    seeds = list(seeds)
+    transcripts, returns, turns, done = [], [], [], []
+    for i in range(0, len(seeds), batch_size):
+        ep = source.play(model, seeds[i:i + batch_size], cfg, generator)
+        transcripts += ep.transcripts
+        returns += ep.returns.tolist()
+        turns += ep.turns.tolist()
+        done += ep.done.tolist()
+    n = max(1, len(seeds))
+    figures = {"reward": sum(returns) / n, "turns": sum(turns) / n, "done_rate": sum(done) / n}
+    figures.update(environment_figures(source.env_class, transcripts, returns))
+    return figures, transcripts
+
+
+def encode_transcript(tokenizer, turns: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
+    """(ids, acted) of a transcript [(role, text), ...] as an episode would hold it: each turn
+    tokenized on its own, a policy turn followed by EOS and marked 1 in `acted` (the tokens SFT
+    trains on), the environment's turns marked 0. The first turn is the environment's opening."""
+    ids, acted = [], []
+    for role, text in turns:
+        piece = tokenizer.encode(text)
+        if role == "policy":
+            piece = piece + [tokenizer.eos_id]
+        ids += piece
+        acted += [1 if role == "policy" else 0] * len(piece)
+    return ids, acted
+
+
+def transcript_text(transcript: list[tuple[str, str]]) -> str:
+    """A transcript as lines "env: ..." / "policy: ..." for printing."""
+    return "\n".join(f"{role:>6}: {text}" for role, text in transcript)
+
+
+@dataclass
+class EpisodeSource:
+    """What a trainer needs to roll out episodes (ppo_trainer.PPOTrainer `episodes`): the
+    environment, the tokenizer that writes its text, the turn budget, and whether its tokens
+    are masked out of the losses (`mask_env`; False only to show what the mask is for)."""
+    env_class: type
+    name: str
+    tokenizer: object
+    max_turns: int
+    mask_env: bool = True
+
+    def play(self, model, seeds, cfg, generator=None, score: bool = False) -> Episodes:
+        """Episodes of `seeds` sampled as `cfg` says (max_new_tokens per turn, temperature,
+        top_k, top_p)."""
+        top_k, top_p = getattr(cfg, "top_k", 0), getattr(cfg, "top_p", 1.0)
+        return play_episodes(model, self.tokenizer, self.env_class, seeds, self.max_turns,
+                             cfg.max_new_tokens, cfg.temperature, top_k or None,
+                             top_p if top_p < 1 else None, generator, score, self.name)
