@@ -20,11 +20,14 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py --reward my_reward.py:score       # your function(prompts, responses)
     python train_ppo.py --sft_dir out/arith/sft --prompts examples/arithmetic/prompts.jsonl \
         --algo grpo --reward examples/arithmetic/reward.py:exact   # a reference answer per prompt
+    python train_ppo.py --env guess --algo grpo --max_new_tokens 3 --sft_dir out/guess/sft \
+        --out_dir out/guess/grpo    # episodes with an environment (docs/multiturn.md)
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
 minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; eval lines with gold,
-rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen).
+rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
+the environment's figures, eval lines reward, kl, turns, done_rate and its figures).
 """
 from __future__ import annotations
 
@@ -162,7 +165,8 @@ class Config:
     missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")
     grad_clip: float = opt(1.0, "clip gradient norms to this (0 = off)")
     eval_interval: int = opt(20, "iterations between evaluations and checkpoints")
-    eval_prompts: int = opt(200, "held-out prompts sampled at each eval")
+    eval_prompts: int = opt(200, "held-out prompts sampled at each eval (with --env: held-out "
+                                 "episodes, seeds 0, 1, ...)")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "

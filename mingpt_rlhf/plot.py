@@ -22,14 +22,17 @@ from .metrics import read_metrics
 # stage -> panels; each panel: title and the (key, "train" | "eval") series it draws
 PANELS = {
     "sft": [("loss", [("loss", "train"), ("eval_loss", "eval")]),
-            ("well_formed", [("well_formed", "eval")]), ("gold", [("gold", "eval")])],
+            ("well_formed", [("well_formed", "eval")]), ("gold", [("gold", "eval")]),
+            ("success (episodes)", [("success", "eval")]), ("turns (episodes)", [("turns", "eval")])],
     "rm": [("loss", [("loss", "train"), ("eval_loss", "eval")]),
            ("accuracy", [("acc", "train"), ("eval_acc", "eval"), ("eval_gold_acc", "eval")])],
     "rl": [("reward and gold", [("rm_score", "train"), ("reward", "train"), ("gold", "eval")]),
            ("kl (nats per response)", [("kl", "train"), ("kl", "eval")]),
            ("kl_coef", [("kl_coef", "train")]), ("entropy", [("entropy", "train")]),
            ("clipfrac, approx_kl", [("clipfrac", "train"), ("approx_kl", "train")]),
-           ("resp_len", [("resp_len", "train")]), ("eos_rate", [("eos_rate", "train")])],
+           ("resp_len", [("resp_len", "train")]), ("eos_rate", [("eos_rate", "train")]),
+           ("success (episodes)", [("success", "train"), ("success", "eval")]),
+           ("turns (episodes)", [("turns", "train"), ("turns", "eval")])],
     "dpo": [("loss", [("loss", "train")]), ("reward_acc", [("reward_acc", "train")]),
             ("margin", [("margin", "train")]), ("gold", [("gold", "eval")])],
 }
@@ -61,7 +64,11 @@ def plot_runs(folders: list[str], out_path: str) -> str:
         raise UserError('plotting needs matplotlib: pip install -e ".[plot]"') from None
     runs = [(folder, *read_run(folder)) for folder in folders]
     stages = [s for s in PANELS if any(r[1] == s for r in runs)]
-    panels = [(s, title, series) for s in stages for title, series in PANELS[s]]
+    # a panel is drawn when some run of its stage has one of its figures (a run of episodes
+    # has success and turns, a run on prompts gold and well_formed)
+    keys = {s: set().union(*(set().union(*r[2], *r[3]) for r in runs if r[1] == s)) for s in stages}
+    panels = [(s, title, series) for s in stages for title, series in PANELS[s]
+              if any(key in keys[s] for key, _ in series)]
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)

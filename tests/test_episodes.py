@@ -518,3 +518,46 @@ def test_the_built_in_teacher_is_the_sft_data_of_the_game():
     assert train[:3] == GuessNumber.teacher_episodes("train", 1)[:3]
     assert train[:3] != GuessNumber.teacher_episodes("train", 2)[:3]
     assert os.path.basename(__file__) == "test_episodes.py"
+
+
+def test_the_calculator_example_is_a_tool_the_policy_can_call():
+    from mingpt_rlhf.episodes import load_env
+    calculator, _ = load_env(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                          "examples", "calculator_env.py") + ":Calculator")
+    env = calculator()
+    opening = env.reset(7)
+    a, b = int(opening.split()[2]), int(opening.split()[4])
+    reply, reward, done = env.step(f"calc {a} * {b}")
+    assert (reply, reward, done) == (str(a * b), 0.0, False)
+    assert env.step("hello") == ("say calc X * Y or answer N", -0.1, False)
+    assert env.step(f"answer {a * b}") == ("ok", 1.0, True)
+    assert env.step("answer 1")[1:] == (0.0, True)
+
+
+class OneTurn:
+    """An episode of one turn: the opening is a prompt, the first answer ends it."""
+
+    def reset(self, seed):
+        return ["guess a number from 1 to 15 :", "guess a number"][seed % 2]
+
+    def step(self, action):
+        return "correct", 0.0, True
+
+
+def test_an_episode_of_one_turn_is_a_single_turn_rollout():
+    """The episode sampler and the single-turn sampler draw the same tokens with the same
+    generator, with the same log-probs: a prompt is the opening of an episode of one turn."""
+    from mingpt_rlhf.sampling import generate
+    tok = GuessNumber.tokenizer()
+    model = tiny_policy(tok)
+    ep = play_episodes(model, tok, OneTurn, [0, 1, 2, 3], max_turns=4, max_new_tokens=5,
+                       generator=torch.Generator().manual_seed(3), score=True)
+    prompts = [tok.encode(OneTurn().reset(s)) for s in range(4)]
+    T = max(map(len, prompts))
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts])
+    out = generate(model, ids, (ids != 0).long(), 5, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id,
+                   generator=torch.Generator().manual_seed(3), score=True)
+    n = ep.sequences.size(1)
+    assert torch.equal(ep.sequences, out.sequences[:, :n]) and (out.sequences[:, n:] == 0).all()
+    assert torch.equal(ep.action_mask, out.action_mask[:, :n])
+    torch.testing.assert_close(ep.logprobs, out.logprobs[:, :n - T], atol=1e-6, rtol=0)
