@@ -60,7 +60,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .errors import UserError
 from .logprobs import tempered_logprobs
@@ -289,7 +288,6 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
         reals = torch.stack([s[1] for s in steps], 1)                  # (b, t)
         if score:
             lps, ents, hids = (torch.stack([s[i] for s in steps], 1) for i in (2, 3, 4))
-        pending = (tokens[:, -1], reals[:, -1])  # the turn's last column, not fed in yet
 
         # ---- the environment's turn: step each episode with its turn's text
         keep, new_ids = [], []
@@ -311,6 +309,7 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
                 record.ended_by, record.done = ("env" if done else "turns"), done
                 continue
             reply_ids = record.env.encode(tokenizer, reply, "reply")
+            # the turn's last column was sampled but not fed in yet: it goes in with the reply
             pending_ids = [action[-1]] if real_row[-1] else []
             if len(record.opening) + len(record.ids) + len(reply_ids) + max_new_tokens > block:
                 record.ended_by = "context"  # the reply and another turn do not fit
