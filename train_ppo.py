@@ -133,8 +133,9 @@ class Config:
                         "log-probs are of the full distribution, so filtering inflates the KL")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
     actor_lr: float = opt(-1.0, "actor learning rate, decayed linearly to 0 (-1 = auto: 5e-5, "
-                                "where 1e-4 once collapsed on the reward model; 1e-4 with --reward "
-                                "task, where 5e-5 was still rising at the end: docs/rewards.md)")
+                                "where 1e-4 once collapsed on the reward model; 1e-4 with rewards "
+                                "from code, --reward task or --env: with --reward task 5e-5 was "
+                                "still rising at the end, docs/rewards.md)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
@@ -153,7 +154,7 @@ class Config:
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
     ptx_coef: float = opt(-1.0, "weight of the LM loss on demonstrations (0 = off; -1 = auto: "
-                                 "0.02 for ppo, 0 for grpo and rloo). Kept small: the built-in "
+                                 "0.02 for ppo, 0 for grpo and rloo and with --env). Kept small: the built-in "
                                  "demonstrations are 1/3 negative reviews, so a larger weight "
                                  "pulls the policy back to them")
     target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "

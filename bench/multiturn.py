@@ -12,7 +12,9 @@ false`: they count as actions), to show what the mask is for. Every policy (SFT 
 plays the same 400 held-out episodes (seeds 0..399); the figures are success (the share won
 within the game's 6 guesses), mean turns (binary search, the optimum: 3.27; the teacher: 4.08),
 where each guess falls inside the numbers still possible (0.5 = the middle), KL to the SFT
-policy (nats per episode, from the run's last eval), RL seconds and tokens generated.
+policy (nats per episode: `kl` from the run's last eval, as the run logs it; `kl_actions` on the
+400 episodes, summed over the policy's own tokens only, whatever the run masked), RL seconds,
+the seconds of sampling among them, and tokens generated.
 
 Each run's result is written to bench/results/multiturn.json as soon as it ends, and a run
 already there is not run again (--rerun to redo), so an interrupted benchmark continues.
@@ -36,6 +38,7 @@ import train_sft  # noqa: E402
 from mingpt_rlhf.checkpoint import load_policy  # noqa: E402
 from mingpt_rlhf.env_guess import GuessNumber, optimal_turns, teacher_success, teacher_turns, where_in_interval  # noqa: E402
 from mingpt_rlhf.episodes import EpisodeSource, play_and_measure  # noqa: E402
+from mingpt_rlhf.logprobs import sequence_logprobs  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "multiturn.json")
@@ -44,12 +47,16 @@ HELD_OUT = 400           # episodes every policy plays at the end (seeds 0..399)
 METHODS = {"grpo": dict(algo="grpo"), "rloo": dict(algo="rloo"),
            "ppo": dict(algo="ppo"), "grpo_unmasked": dict(algo="grpo", mask_env=False)}
 BINS = 10                # the histogram of where guesses fall, over [0, 1]
+COLOURS = {"sft": "tab:gray", "grpo": "tab:blue", "rloo": "tab:orange", "ppo": "tab:green",
+           "grpo_unmasked": "tab:red"}
 
 
 @torch.no_grad()
-def held_out(out_dir: str) -> dict:
-    """The policy in `out_dir` on HELD_OUT held-out episodes: success, turns, and where its
-    guesses fall (a histogram over [0, 1] of BINS bins, and the mean distance to the middle)."""
+def held_out(out_dir: str, sft_dir: str | None = None) -> dict:
+    """The policy in `out_dir` on HELD_OUT held-out episodes: success, turns, where its guesses
+    fall (a histogram over [0, 1] of BINS bins, and the mean distance to the middle), and with
+    `sft_dir` its KL to the SFT policy on these episodes, summed over the policy's own tokens
+    only (kl_actions: what the run's `kl` measures when the mask is on)."""
     policy, tokenizer, _ = load_policy(out_dir, flag="--ckpt_dir")
     source = EpisodeSource(GuessNumber, "guess", tokenizer, max_turns=GuessNumber.TURNS)
     cfg = argparse.Namespace(max_new_tokens=TURN_TOKENS, temperature=1.0)
@@ -61,6 +68,16 @@ def held_out(out_dir: str) -> dict:
         counts[min(int(w * BINS), BINS - 1)] += 1
     figures["where"] = [c / max(1, len(where)) for c in counts]
     figures["example"] = transcripts[1]
+    if sft_dir is not None:
+        sft = load_policy(sft_dir, flag="--sft_dir")[0]
+        kls, gen = [], torch.Generator().manual_seed(0)
+        for i in range(0, HELD_OUT, 100):
+            ep = source.play(policy, list(range(i, i + 100)), cfg, gen)
+            T, acted = ep.prompt_len, ep.action_mask[:, ep.prompt_len:]
+            lp = sequence_logprobs(policy, ep.sequences, ep.attention_mask, T, suppress=tokenizer.pad_id)[0]
+            ref = sequence_logprobs(sft, ep.sequences, ep.attention_mask, T, suppress=tokenizer.pad_id)[0]
+            kls += ((lp - ref) * acted).sum(-1).tolist()
+        figures["kl_actions"] = sum(kls) / len(kls)
     return figures
 
 
@@ -78,7 +95,7 @@ def run_rl(seed: int, sft: str, out: str, options: dict, iters: int) -> dict:
     seconds = time.time() - start
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     evals = [r for r in rows if r.get("split") == "eval"]
-    figures = held_out(out)
+    figures = held_out(out, sft)
     figures.update(seconds=round(seconds, 1), kl=rows[-1]["kl"],
                    gen_tokens=sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r),
                    t_generate=sum(r.get("t_generate", 0) for r in rows if "pg_loss" in r),
@@ -111,7 +128,8 @@ def summarise(result: dict) -> None:
     result["summary"] = {}
     for method, runs in sorted(by_method.items()):
         figures = {"seeds": len(runs)}
-        for k in ("success", "turns", "off_middle", "kl", "seconds", "gen_tokens", "t_generate"):
+        for k in ("success", "turns", "off_middle", "kl", "kl_actions", "seconds", "gen_tokens",
+                  "t_generate"):
             values = [r[k] for r in runs if k in r]
             if values:
                 figures[k] = {"mean": sum(values) / len(values), "min": min(values),
@@ -132,7 +150,7 @@ def draw(result: dict, path: str) -> None:
         s, t = summary[m]["success"], summary[m]["turns"]
         ax.errorbar(t["mean"], s["mean"], xerr=[[t["mean"] - t["min"]], [t["max"] - t["mean"]]],
                     yerr=[[s["mean"] - s["min"]], [s["max"] - s["mean"]]], fmt="o", capsize=3,
-                    label=m)
+                    label=m, color=COLOURS[m])
     ax.axvline(optimal_turns(), color="gray", linestyle="--", linewidth=1)
     ax.axvline(teacher_turns(), color="gray", linestyle=":", linewidth=1)
     ax.text(optimal_turns(), ax.get_ylim()[0], " binary search", fontsize=7, rotation=90,
@@ -149,7 +167,7 @@ def draw(result: dict, path: str) -> None:
         if hists:
             mean = [sum(h[i] for h in hists) / len(hists) for i in range(BINS)]
             ax.bar([(i + 0.5) / BINS for i in range(BINS)], mean, width=1 / BINS, alpha=0.5,
-                   label=m)
+                   label=m, color=COLOURS[m])
     ax.set_xlabel("where a guess falls in the numbers still possible (0.5 = the middle)")
     ax.set_ylabel("share of guesses")
     ax.set_title("the strategy: before and after RL", fontsize=10)
@@ -161,7 +179,8 @@ def draw(result: dict, path: str) -> None:
         if curves:
             steps = [p["step"] for p in curves[0]]
             ax.plot(steps, [sum(c[i]["turns"] for c in curves) / len(curves)
-                            for i in range(len(steps))], marker="o", markersize=3, label=m)
+                            for i in range(len(steps))], marker="o", markersize=3, label=m,
+                    color=COLOURS[m])
     ax.axhline(optimal_turns(), color="gray", linestyle="--", linewidth=1)
     ax.set_xlabel("iteration")
     ax.set_ylabel("mean turns (eval)")
@@ -199,6 +218,13 @@ def main():
                 out = os.path.join(args.work, f"seed{seed}", method)
                 result["runs"][key] = run_rl(seed, sft, out, METHODS[method], args.iters)
                 summarise(result)
+                save(result)
+        # runs measured before kl_actions was a figure: measure their checkpoints again
+        for key, run in result["runs"].items():
+            method, seed = key.split("/")
+            if method != "sft" and "kl_actions" not in run:
+                folder = os.path.join(args.work, f"seed{seed}")
+                run.update(held_out(os.path.join(folder, method), os.path.join(folder, "sft")))
                 save(result)
     summarise(result)
     save(result)
