@@ -6,7 +6,7 @@ File formats (one JSON object per line; blank lines are skipped):
   {"turns": [{"role": "env", "text": ...}, {"role": "policy", "text": ...}, ...]}: the
   environment's opening first, then turns in any order; the loss is on the policy's turns
   only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its own,
-  as an episode holds it (episodes.encode_transcript).
+  as an episode holds it (`encode_transcript`).
 - Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
   (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both hold
   the whole dialogue).
@@ -161,6 +161,20 @@ def fields_of(rows: list[dict]) -> dict[str, list]:
     return {k: [row[k] for row in rows] for k in rows[0] if k != "prompt"} if rows else {}
 
 
+def encode_transcript(tokenizer, turns: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
+    """(ids, acted) of a transcript [(role, text), ...] as an episode would hold it: each turn
+    tokenized on its own, a policy turn followed by EOS and marked 1 in `acted` (the tokens SFT
+    trains on), the environment's turns marked 0. The first turn is the environment's opening."""
+    ids, acted = [], []
+    for role, text in turns:
+        piece = tokenizer.encode(text)
+        if role == "policy":
+            piece = piece + [tokenizer.eos_id]
+        ids += piece
+        acted += [1 if role == "policy" else 0] * len(piece)
+    return ids, acted
+
+
 def holdout_split(items: list, seed: int, fraction: float = 0.05):
     """(train, held-out): a seeded random `fraction` (at least one item) is held out. A list of
     one item is used for both, so a tiny file still runs."""
@@ -239,7 +253,6 @@ class SFTData:
         or a Transcript (skipped when it does not fit: an episode cut anywhere would lose its
         opening or its end), or None when it cannot fit."""
         if isinstance(item, Transcript):
-            from .episodes import encode_transcript
             ids, acted = encode_transcript(tokenizer, item)
             return (ids, acted) if len(ids) <= block_size else None
         encoded = encode_example(tokenizer, *item, block_size)

@@ -49,7 +49,8 @@ How an episode becomes what PPO, GRPO and RLOO already learn from:
 
 With `score=True` the log-prob, entropy and hidden state of every action token are kept from
 sampling (as sampling.generate does): in float32 they equal a fresh forward pass over the
-whole episode to rounding (tests/test_episodes.py checks it).
+whole episode to rounding (tests/test_episodes.py checks it). SFT on transcripts encodes them the same way
+(data.encode_transcript).
 
 Try it:  python sample.py --ckpt_dir out/guess/sft --env guess   (after docs/multiturn.md's
          first commands; --play_env lets you play the environment's part)
@@ -399,20 +400,6 @@ def play_and_measure(model, source: "EpisodeSource", seeds, cfg, batch_size: int
     figures = {"reward": sum(returns) / n, "turns": sum(turns) / n, "done_rate": sum(done) / n}
     figures.update(environment_figures(source.env_class, transcripts, returns))
     return figures, transcripts
-
-
-def encode_transcript(tokenizer, turns: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
-    """(ids, acted) of a transcript [(role, text), ...] as an episode would hold it: each turn
-    tokenized on its own, a policy turn followed by EOS and marked 1 in `acted` (the tokens SFT
-    trains on), the environment's turns marked 0. The first turn is the environment's opening."""
-    ids, acted = [], []
-    for role, text in turns:
-        piece = tokenizer.encode(text)
-        if role == "policy":
-            piece = piece + [tokenizer.eos_id]
-        ids += piece
-        acted += [1 if role == "policy" else 0] * len(piece)
-    return ids, acted
 
 
 def transcript_text(transcript: list[tuple[str, str]]) -> str:

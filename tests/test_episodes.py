@@ -17,7 +17,7 @@ def exits_2(capsys, script, argv):
     return conftest.exits_2(capsys, script, [str(x) for x in argv])
 from test_scripts import assert_same_weights, killed_after_first_save, read_metrics
 from mingpt_rlhf import episodes, ppo_trainer
-from mingpt_rlhf.data import IGNORE, SFTData, Transcript, load_sft_jsonl
+from mingpt_rlhf.data import IGNORE, SFTData, Transcript, encode_transcript, load_sft_jsonl
 from mingpt_rlhf.env_guess import (GuessNumber, optimal_turns, parse_guess, teacher_episode,
                                    teacher_success, teacher_turns, where_in_interval)
 from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, play_episodes
@@ -280,7 +280,7 @@ def test_sft_on_a_transcript_puts_no_loss_on_the_environments_turns():
     policy = [i for role, text in turns if role == "policy" for i in tok.encode(text) + [tok.eos_id]]
     assert [t for t in targets[0].tolist() if t != IGNORE] == policy
     # position t predicts token t + 1: a target exactly where that token is the policy's
-    ids, acted = episodes.encode_transcript(tok, turns)
+    ids, acted = encode_transcript(tok, turns)
     assert len(ids) - 1 <= targets.size(1)
     assert [targets[0, t].item() != IGNORE for t in range(len(ids) - 1)] == [bool(a) for a in acted[1:]]
     # a (prompt, response) pair in the same batch still trains on its response only
@@ -517,6 +517,8 @@ def test_the_built_in_teacher_is_the_sft_data_of_the_game():
     assert len(train) == 20000 and len(held_out) == 500
     assert train[:3] == GuessNumber.teacher_episodes("train", 1)[:3]
     assert train[:3] != GuessNumber.teacher_episodes("train", 2)[:3]
+    from mingpt_rlhf.env_guess import TRAINING_SEEDS_FROM
+    assert TRAINING_SEEDS_FROM == HELD_OUT_SEEDS
     assert os.path.basename(__file__) == "test_episodes.py"
 
 
