@@ -602,7 +602,8 @@ def main(cfg: Config) -> dict:
     summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
-        print(f"on held-out prompts, from the SFT policy (step 0) to the {cfg.algo.upper()} policy:")
+        held = "episodes" if cfg.env else "prompts"
+        print(f"on held-out {held}, from the SFT policy (step 0) to the {cfg.algo.upper()} policy:")
         for k in ["gold", "success", score_name, "turns", "well_formed", "kl", "distinct2"]:
             if k in final:
                 print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
