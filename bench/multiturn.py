@@ -23,14 +23,15 @@ Writes bench/results/multiturn.json and multiturn.png.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import results_file  # noqa: E402
 import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
@@ -105,18 +106,11 @@ def run_rl(seed: int, sft: str, out: str, options: dict, iters: int) -> dict:
 
 
 def load() -> dict:
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            return json.load(f)
-    return {"runs": {}}
+    return results_file.load(RESULTS)
 
 
 def save(result: dict) -> None:
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, RESULTS)
+    results_file.save(RESULTS, result)
 
 
 def summarise(result: dict) -> None:

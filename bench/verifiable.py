@@ -31,7 +31,9 @@ from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import results_file  # noqa: E402
 import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
@@ -89,18 +91,11 @@ def timed(fn, cfg) -> float:
 
 
 def load() -> dict:
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            return json.load(f)
-    return {"runs": {}}
+    return results_file.load(RESULTS)
 
 
 def save(result: dict) -> None:
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, RESULTS)
+    results_file.save(RESULTS, result)
 
 
 def summarise(result: dict) -> None:

@@ -1,0 +1,23 @@
+"""The JSON file of a resumable benchmark: read what earlier sittings measured, write after
+every run (atomically: a temporary file, then a rename, so a killed bench never leaves half a
+file), so that a bench killed or stopped goes on where it was."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def load(path: str) -> dict:
+    """The results in `path`, or a fresh {"runs": {}}."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {"runs": {}}
+
+
+def save(path: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
