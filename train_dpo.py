@@ -59,7 +59,8 @@ class Config:
     nll_coef: float = opt(0.1, "weight of the chosen responses' LM loss (nats per token) added to "
                                "the DPO loss (RPO, Pang et al. 2024): keeps the chosen likely "
                                "while the pair's margin grows (0 = plain DPO, which broke the "
-                               "grammar of 1 response in 7 on the built-in task)")
+                               "grammar of up to a fifth of the responses in the tuning runs "
+                               "of docs/methods.md)")
     epochs: int = opt(1, "passes over the pairs")
     batch_size: int = opt(32, "pairs per micro-batch and process (a step sees batch_size x "
                               "grad_accum x processes under torchrun)")

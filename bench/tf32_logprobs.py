@@ -1,5 +1,5 @@
-"""How much would TF32 move the log-probs of GPT-2's output layer? (issue 20: the output layer
-runs in strict float32 with TF32 off, the slowest matmul of the model on an H100.)
+"""How much would TF32 move the log-probs of GPT-2's output layer? (The output layer runs in
+strict float32 with TF32 off, the slowest matmul of the model on an H100.)
 
 TF32 multiplies float32 operands rounded to a 10-bit mantissa and accumulates in float32. On
 a CPU that is emulated exactly by rounding both operands (round to nearest even) and doing

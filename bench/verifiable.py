@@ -1,4 +1,4 @@
-"""RL from rewards computed by code (issue 22), measured against imitation and against a
+"""RL from rewards computed by code, measured against imitation and against a
 learned reward.
 
     python bench/verifiable.py                          # both parts, 3 seeds (long on a CPU)
