@@ -142,3 +142,29 @@ def test_every_file_cited_exists_in_the_repository(page):
         if cited not in paths and not cited.startswith("bench/results/") and "*" not in cited:
             missing.append(cited)
     assert not missing, f"{os.path.relpath(page, ROOT)} cites files the repository does not hold: {missing}"
+
+
+def test_the_readmes_benchmark_figures_are_those_in_bench_results():
+    """The README quotes bench/results: its method table (algorithms.json) and its multi-turn
+    line (multiturn.json) must say what those files hold, rounded as printed."""
+    import json
+    import re
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, "bench", "results", "algorithms.json")) as f:
+        summary = json.load(f)["summary"]
+    for method, row in [("ppo", "PPO"), ("grpo", "GRPO"), ("rloo", "RLOO"), ("dpo", "DPO")]:
+        s = summary[method]
+        line = next(l for l in readme.splitlines() if l.startswith(f"| [{row}]"))
+        assert f"{s['gold']:.3f} +- {s['gold_stderr']:.3f}" in line, line
+        assert f"| {s['kl']:.2f} |" in line, line
+    with open(os.path.join(ROOT, "bench", "results", "multiturn.json")) as f:
+        multi = json.load(f)["summary"]
+    text = " ".join(readme.split())
+    g, p = multi["grpo"], multi["ppo"]
+    for figure in (f"{g['turns']['min']:.2f}-{g['turns']['max']:.2f} guesses",
+                   f"{p['turns']['min']:.2f}-{p['turns']['max']:.2f}",
+                   f"{round(100 * g['success']['min'])}-{round(100 * g['success']['max'])} % won",
+                   f"{round(100 * multi['sft']['success']['mean'])} % of the games won"):
+        assert figure in text, figure
+    assert re.search(r"PPO 98 % in", text) and round(100 * p["success"]["mean"]) == 98
