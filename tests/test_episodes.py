@@ -563,3 +563,12 @@ def test_an_episode_of_one_turn_is_a_single_turn_rollout():
     assert torch.equal(ep.sequences, out.sequences[:, :n]) and (out.sequences[:, n:] == 0).all()
     assert torch.equal(ep.action_mask, out.action_mask[:, :n])
     torch.testing.assert_close(ep.logprobs, out.logprobs[:, :n - T], atol=1e-6, rtol=0)
+
+
+def test_sample_compares_two_policies_on_the_same_episodes(guess_sft, capsys):
+    rows = sample.main(sample.Config(ckpt_dir=str(guess_sft), compare=str(guess_sft), env="guess",
+                                     num_samples=2, env_seed=5, max_new_tokens=3))
+    assert [(r["policy"], r["seed"]) for r in rows] == [(str(guess_sft), 5), (str(guess_sft), 6)] * 2
+    # the same policy and the same seed draw the same episodes
+    assert [r["transcript"] for r in rows[:2]] == [r["transcript"] for r in rows[2:]]
+    assert capsys.readouterr().out.count("episode seed 5") == 2

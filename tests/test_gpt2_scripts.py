@@ -85,3 +85,23 @@ def _state(folder):
     st = BPETokenizer.from_pretrained(str(folder)).state_dict()
     st.pop("type")
     return st
+
+
+def test_episodes_with_gpt2s_tokenizer(gpt2_folder, tmp_path, first_minibatch_kl):
+    """The guessing game with GPT-2's byte-level BPE: SFT on the teacher's episodes (each turn
+    encoded on its own), GRPO on episodes (the 64-position context ends some of them), the
+    stored log-probs the learner's (first minibatch approx-KL 0), and sample.py's dialogues."""
+    import sample
+    sft = train_sft.main(train_sft.Config(
+        out_dir=str(tmp_path / "sft"), init_from=str(gpt2_folder), env="guess", max_iters=4,
+        eval_interval=2, batch_size=4, warmup_iters=1, max_new_tokens=3, eval_prompts=4))
+    assert {"turns", "success", "reward"} <= set(sft)
+    grpo = train_ppo.main(train_ppo.Config(
+        out_dir=str(tmp_path / "grpo"), sft_dir=str(tmp_path / "sft"), env="guess", algo="grpo",
+        group_size=2, max_iters=2, rollout_batch_size=4, minibatch_size=2, ppo_epochs=1,
+        max_new_tokens=3, eval_interval=1, eval_prompts=4))
+    assert grpo["final"] and 1 <= grpo["turns"] <= 6
+    assert max(abs(k) for k in first_minibatch_kl) < 1e-6
+    rows = sample.main(sample.Config(ckpt_dir=str(tmp_path / "grpo"), env="guess",
+                                     num_samples=2, max_new_tokens=3))
+    assert rows[0]["transcript"][0] == ("env", "guess a number from 1 to 15 :")
