@@ -38,6 +38,8 @@ from mingpt_rlhf import ppo_trainer  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "details.json")
+# --results: another file, for a second process running other seeds at the same time; --merge
+# adds such files' runs to RESULTS
 
 
 @contextlib.contextmanager
@@ -100,6 +102,15 @@ def load() -> dict:
 
 def save(result: dict) -> None:
     results_file.save(RESULTS, result)
+
+
+def merge(paths: list[str]) -> None:
+    """Add the runs of other results files (seeds run by another process) to RESULTS."""
+    result = load()
+    for path in paths:
+        result["runs"].update(results_file.load(path)["runs"])
+    summarise(result)
+    save(result)
 
 
 def stages(seed: int, root: str) -> None:
@@ -172,6 +183,7 @@ def markdown_table(result: dict) -> str:
 
 
 def main():
+    global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--details", nargs="+", default=list(DETAILS), choices=list(DETAILS))
@@ -179,7 +191,19 @@ def main():
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--draw_only", action="store_true", help="only summarise the JSON")
     ap.add_argument("--table", action="store_true", help="print docs/details.md's table")
+    ap.add_argument("--results", default=RESULTS, help="the JSON to write (another file lets a "
+                                                        "second process run other seeds at once)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--merge", nargs="+", default=[], help="add these results files' runs to "
+                                                           "bench/results/details.json and stop")
     args = ap.parse_args()
+    RESULTS = os.path.abspath(args.results)
+    if args.merge:
+        RESULTS = os.path.join(ROOT, "bench", "results", "details.json")
+        return merge(args.merge)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     result = load()
     if not args.draw_only:
         for seed in args.seeds:
