@@ -72,7 +72,8 @@ class GuessNumber:
 
     @classmethod
     def figures(cls, transcripts, returns: list[float]) -> dict:
-        """success: the share of episodes won (the return is 1 for a win, else 0); with the
+        """success: the share of episodes won (a win's return is 1 - 0.1 x wrong guesses > 0, a
+        loss's -0.6); with the
         transcripts, off_middle: how far the legal guesses fall from the middle of the numbers
         still possible, on average (0 = binary search, 0.25 = the uniform teacher, 0.5 = always
         an end)."""

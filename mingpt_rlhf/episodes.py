@@ -17,7 +17,7 @@ end-of-turn token (EOS), decoded, EOS left out. Its reward is the reward of that
 reply is what the policy reads next. An episode ends when `step` says done (its last reply is
 kept in the transcript but never tokenized: nothing reads it), after `max_turns` policy turns,
 or when the next turn would not fit in the model's context (its reply and `max_new_tokens`
-more tokens). Seeds below `HELD_OUT_SEEDS` are held out: the evaluation plays seeds 0, 1, 2,
+more tokens, counted after the batch's longest opening: the rows are compacted to one width). Seeds below `HELD_OUT_SEEDS` are held out: the evaluation plays seeds 0, 1, 2,
 ...; training draws its seeds from a million upwards.
 
 How an episode becomes what PPO, GRPO and RLOO already learn from:
@@ -106,7 +106,14 @@ def environment_figures(env_class, transcripts, returns: list[float]) -> dict:
     `figures(transcripts, returns) -> dict` (the built-in game: success, and where the
     guesses fall); `transcripts` is None when only the returns are at hand."""
     figures = getattr(env_class, "figures", None)
-    return dict(figures(transcripts, returns)) if callable(figures) else {}
+    if not callable(figures):
+        return {}
+    try:
+        return dict(figures(transcripts, returns))
+    except Exception as e:
+        name = getattr(env_class, "__name__", "env")
+        raise UserError(f"environment {name}: figures raised {type(e).__name__}: "
+                        f"{_first_line(e)}; fix the environment") from None
 
 
 def _first_line(e: Exception) -> str:
@@ -262,7 +269,12 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
     playing, in the order of the batch's rows."""
     live = list(records)
     ids, mask = _left_pad([r.opening for r in live], pad, device)
-    cache = model.new_kv_cache(len(live), ids.size(1) + max_turns * (max_new_tokens + 4))
+    # the rows will be compacted to one width, the longest opening plus the longest run of
+    # turns (_compact), and the trainer's passes need that width to fit the context: so the
+    # longest opening counts for every row when deciding whether another turn fits
+    opening = ids.size(1)
+    # a first guess at the columns; _grow makes room as the turns come
+    cache = model.new_kv_cache(len(live), min(opening + max_turns * (max_new_tokens + 4), block))
     logits, hidden = next_token_logits(model, ids, mask, position_ids_from_mask(mask), cache, suppress)
     n_real = mask.sum(-1)                                   # (b,) real tokens of each row so far
     for turn in range(1, max_turns + 1):
@@ -312,7 +324,7 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
             reply_ids = record.env.encode(tokenizer, reply, "reply")
             # the turn's last column was sampled but not fed in yet: it goes in with the reply
             pending_ids = [action[-1]] if real_row[-1] else []
-            if len(record.opening) + len(record.ids) + len(reply_ids) + max_new_tokens > block:
+            if opening + len(record.ids) + len(reply_ids) + max_new_tokens > block:
                 record.ended_by = "context"  # the reply and another turn do not fit
                 continue
             record.ids += reply_ids

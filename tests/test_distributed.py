@@ -204,13 +204,13 @@ def test_grpo_groups_stay_whole_on_one_process(launched):
 
 
 def test_episodes_train_on_two_processes(launched):
-    """Each rank plays its share of the episodes (whole groups) and the run logs the game's
-    figures of the whole batch: success is a share of 16 episodes, turns a mean of them."""
+    """GRPO on episodes runs under torchrun: two ranks, each with its own random streams, each
+    group whole on one rank (group_baselined asserts that a group shares its seed, and would
+    have stopped the launch), and the game's figures logged for every iteration and eval."""
     ckpt = torch.load(launched / "episodes" / "ckpt.pt", weights_only=False)
     assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2 and ckpt["config"]["env"] == "guess"
-    success = metrics(launched / "episodes", "success")
-    assert len(success) == 4 and all((s * 16).is_integer() for _, s in success)
-    assert all(1 <= t <= 6 for _, t in metrics(launched / "episodes", "turns"))
+    assert ckpt["rng"][0] != ckpt["rng"][1]
+    assert [step for step, _ in metrics(launched / "episodes", "success")] == [0, 1, 2, 2]
 
 
 def test_each_process_gets_whole_groups_or_the_run_is_refused():

@@ -572,3 +572,36 @@ def test_sample_compares_two_policies_on_the_same_episodes(guess_sft, capsys):
     # the same policy and the same seed draw the same episodes
     assert [r["transcript"] for r in rows[:2]] == [r["transcript"] for r in rows[2:]]
     assert capsys.readouterr().out.count("episode seed 5") == 2
+
+
+class Openings:
+    """Openings of 20 words or 2, and "ok" forever: only the context ends an episode."""
+
+    def reset(self, seed):
+        return " ".join(["guess"] * (20 if seed % 2 == 0 else 2))
+
+    def step(self, action):
+        return "higher", 0.0, False
+
+
+def test_episodes_of_different_openings_fit_the_context_together():
+    """The rows are compacted to one width (the longest opening + the longest run of turns):
+    that width fits block_size, so the trainer can score them."""
+    tok = GuessNumber.tokenizer()
+    model = tiny_policy(tok, block_size=32)
+    ep = play_episodes(model, tok, Openings, [0, 1], max_turns=50, max_new_tokens=4,
+                       generator=torch.Generator().manual_seed(0))
+    assert ep.ended_by == ["context", "context"] and ep.sequences.size(1) <= 32
+    with torch.no_grad():
+        model.trunk(ep.sequences, ep.attention_mask)  # no "longer than block_size"
+
+
+def test_an_environment_whose_figures_raise_stops_with_one_line(guess_sft, tmp_path, capsys):
+    (tmp_path / "figs.py").write_text(
+        "from mingpt_rlhf.env_guess import GuessNumber\n"
+        "class Figs(GuessNumber):\n    @classmethod\n"
+        "    def figures(cls, transcripts, returns):\n        raise ValueError('no figures')\n")
+    line = exits_2(capsys, "train_ppo", ["--sft_dir", guess_sft, "--env", f"{tmp_path / 'figs.py'}:Figs",
+                                         "--out_dir", tmp_path / "run", "--max_new_tokens", "3",
+                                         "--eval_prompts", "4"])
+    assert "figures raised ValueError: no figures" in line
