@@ -93,7 +93,9 @@ class Config:
                                      "--prompts; the same fields)")
     ptx_data: str = opt("", "JSONL demonstrations for the ptx loss (default: the task's SFT data)")
     algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
-                           "rloo (leave-one-out baseline, no critic); see docs/methods.md")
+                           "rloo (leave-one-out baseline, no critic) | reinforce++ (PPO's "
+                           "per-token KL rewards, no critic, returns normalised over the "
+                           "whole batch); see docs/methods.md and mingpt_rlhf/refinements.py")
     group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
     kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed "
                              "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
@@ -150,6 +152,15 @@ class Config:
     gamma: float = opt(1.0, "GAE discount")
     lam: float = opt(0.95, "GAE lambda")
     clip_range: float = opt(0.2, "policy ratio clip epsilon")
+    clip_range_high: float = opt(0.0, "upper clip of the ratio, 1 + this (DAPO's clip-higher, "
+                                      "e.g. 0.28); 0 = --clip_range, the symmetric clip")
+    ratio: str = opt("token", "token (each token's own ratio, clipped per token) | sequence "
+                              "(GSPO: one ratio per response, the geometric mean of its "
+                              "tokens', clipped per response; grpo and rloo only, with a small "
+                              "--clip_range such as 3e-4)")
+    overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
+                                  "--max_new_tokens a response's reward falls linearly, to -1 "
+                                  "at the budget (0 = off)")
     clip_range_value: float = opt(0.2, "value clip range around the old values")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
@@ -193,8 +204,21 @@ def check_config(cfg: Config):
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
-    if cfg.algo not in ("ppo", "grpo", "rloo"):
-        raise UserError(f"--algo must be ppo, grpo or rloo, got {cfg.algo!r}")
+    if cfg.algo not in ("ppo", "grpo", "rloo", "reinforce++"):
+        raise UserError(f"--algo must be ppo, grpo, rloo or reinforce++, got {cfg.algo!r}")
+    if cfg.ratio not in ("token", "sequence"):
+        raise UserError(f"--ratio must be token or sequence, got {cfg.ratio!r}")
+    if cfg.ratio == "sequence" and cfg.algo not in ("grpo", "rloo"):
+        raise UserError(f"--ratio sequence (GSPO) needs one advantage per response: --algo grpo "
+                        f"or rloo, not {cfg.algo} (its advantages differ per token)")
+    if cfg.clip_range_high < 0 or cfg.overlong_buffer < 0:
+        raise UserError("--clip_range_high and --overlong_buffer must be >= 0 (0 = off)")
+    if cfg.overlong_buffer >= cfg.max_new_tokens:
+        raise UserError(f"--overlong_buffer {cfg.overlong_buffer} must be smaller than "
+                        f"--max_new_tokens {cfg.max_new_tokens} (the ramp ends at the budget)")
+    if cfg.overlong_buffer and cfg.env:
+        raise UserError("--overlong_buffer shapes single responses; with --env the "
+                        "environment's rewards are used as they are")
     if cfg.kl_in not in ("auto", "reward", "loss"):
         raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
     if cfg.reduction not in ("auto", "token", "sequence", "budget"):
@@ -221,10 +245,10 @@ def check_config(cfg: Config):
         raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
                         f"responses (--rollout_batch_size x --rollouts_per_update = "
                         f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
-    if cfg.algo == "ppo" and cfg.kl_in == "loss":
-        raise UserError("--kl_in loss is for grpo / rloo; ppo keeps the KL in its per-token "
-                        "reward (--kl_in reward)")
-    if cfg.algo != "ppo" and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
+    if cfg.algo in ("ppo", "reinforce++") and cfg.kl_in == "loss":
+        raise UserError(f"--kl_in loss is for grpo / rloo; {cfg.algo} keeps the KL in its "
+                        f"per-token reward (--kl_in reward)")
+    if cfg.algo in ("grpo", "rloo") and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
@@ -361,9 +385,10 @@ def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
 def share_of_process(cfg: Config, world: int) -> Config:
     """The sizes one process works with under torchrun: its share of every rollout batch and
     of every minibatch (whole GRPO / RLOO groups). One process: `cfg` itself."""
-    groups = cfg.rollout_batch_size // (1 if cfg.algo == "ppo" else cfg.group_size)
+    grouped = cfg.algo in ("grpo", "rloo")
+    groups = cfg.rollout_batch_size // (cfg.group_size if grouped else 1)
     if groups % world or cfg.minibatch_size % world:
-        unit = "prompts" if cfg.algo == "ppo" else "groups"
+        unit = "groups" if grouped else "prompts"
         raise UserError(f"with {world} processes, the {groups} {unit} of --rollout_batch_size "
                         f"and --minibatch_size {cfg.minibatch_size} must both divide by {world}")
     if world == 1:
@@ -456,7 +481,8 @@ def main(cfg: Config) -> dict:
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
-    method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else
+    method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
+              if cfg.algo == "reinforce++" else
               f"{cfg.algo}, groups of {cfg.group_size}, KL in the {trainer.kl_in}")
     data = (f"episodes of {env_name} (up to {cfg.max_turns} turns), {cfg.eval_prompts} eval "
             f"episodes" if cfg.env else f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts")
@@ -481,7 +507,7 @@ def main(cfg: Config) -> dict:
         """Prompt indices of this process's share of one rollout batch: grpo / rloo draw
         rollout_batch_size / k prompts and repeat each k times in a row (a group), ppo draws
         rollout_batch_size; every rank draws the same ones and keeps its slice (whole groups)."""
-        k = 1 if cfg.algo == "ppo" else cfg.group_size
+        k = cfg.group_size if cfg.algo in ("grpo", "rloo") else 1
         if cfg.env:  # episode seeds, above the held-out ones; a group shares its seed
             idx = torch.randint(HELD_OUT_SEEDS, 2 ** 31 - 1, (cfg.rollout_batch_size // k,),
                                 generator=prompt_gen)

@@ -22,7 +22,8 @@ from .model import load_state_dict_checked
 # what each stage's checkpoint holds and which script wrote it (the "stage" key of a checkpoint)
 STAGES = {"sft": "an SFT policy (train_sft.py)", "rm": "a reward model (train_rm.py)",
           "ppo": "a PPO policy (train_ppo.py)", "grpo": "a GRPO policy (train_ppo.py --algo grpo)",
-          "rloo": "an RLOO policy (train_ppo.py --algo rloo)", "dpo": "a DPO policy (train_dpo.py)"}
+          "rloo": "an RLOO policy (train_ppo.py --algo rloo)",
+          "reinforce++": "a REINFORCE++ policy (train_ppo.py --algo reinforce++)", "dpo": "a DPO policy (train_dpo.py)"}
 
 
 def describe_stage(stage) -> str:

@@ -213,14 +213,17 @@ def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None,
 
 
 def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2,
-                how: str = "token", budget: int | None = None, tokens=None):
+                how: str = "token", budget: int | None = None, tokens=None,
+                clip_high: float | None = None):
     """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and its
     diagnostics (clipfrac, approx_kl: masked means over tokens). `tokens`: see
-    `distributed.tokens_per_rank`."""
+    `distributed.tokens_per_rank`. `clip_high`: the upper clip 1 + clip_high instead of
+    1 + clip_range (DAPO's clip-higher, refinements.py)."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
+    high = clip_range if clip_high is None else clip_high
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + high)
     loss = reduce_tokens(torch.max(unclipped, clipped), action_mask, how, budget, tokens)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), action_mask, tokens=tokens)

@@ -49,6 +49,7 @@ from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
                   last_action_index, masked_mean, masked_whiten, policy_loss, reduce_tokens,
                   value_loss)
+from .refinements import overlong_penalty, reinforce_pp_advantages, sequence_policy_loss
 from .sampling import GenerationOutput, generate
 
 
@@ -78,7 +79,7 @@ def resolve_auto_options(cfg):
     if cfg.kl_in == "auto":
         auto["kl_in"] = "loss" if algo == "grpo" and norm == "grpo" else "reward"
     if cfg.reduction == "auto":
-        auto["reduction"] = {"ppo": "token", "rloo": "budget",
+        auto["reduction"] = {"ppo": "token", "reinforce++": "token", "rloo": "budget",
                              "grpo": "budget" if norm == "dr" else "sequence"}[algo]
     cfg = dataclasses.replace(cfg, **auto) if auto else cfg
     if algo == "grpo" and norm == "grpo" and cfg.kl_in == "reward":
@@ -112,6 +113,8 @@ class PPOTrainer:
                              f"{cfg.actor_lr} and {cfg.ptx_coef}")
         if cfg.algo == "ppo":
             assert (critic is None) != (value_head is None), "give a critic or a value head"
+        elif cfg.algo == "reinforce++":
+            assert critic is None and value_head is None, "reinforce++ has no critic"
         else:
             assert critic is None and value_head is None, f"{cfg.algo} has no critic"
         assert ref is not None or has_lora(actor), "ref=None needs a LoRA actor"
@@ -254,6 +257,9 @@ class PPOTrainer:
         # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
         # opinion of a half-written text
         scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
+        if getattr(cfg, "overlong_buffer", 0) > 0:  # DAPO's ramp before that cliff
+            scores = scores + torch.where(ended, overlong_penalty(
+                action_mask.sum(-1), cfg.max_new_tokens, cfg.overlong_buffer), 0.0)
         # the score lands on the last action: a single turn is the episode of one turn
         placed = torch.zeros_like(action_mask)
         placed[torch.arange(len(scores)), last_action_index(action_mask)] = scores
@@ -323,6 +329,10 @@ class PPOTrainer:
             rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
             advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
             advantages = masked_whiten(advantages, action_mask, all_ranks=for_update)
+        elif cfg.algo == "reinforce++":  # PPO's per-token rewards, no critic (refinements.py)
+            rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
+            advantages = reinforce_pp_advantages(rewards, action_mask, all_ranks=for_update)
+            returns = torch.zeros_like(values)
         else:  # one reward per response, its advantage on every token; no values, no returns
             rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores
             advantages = (self.group_baselined(rewards, group_keys) if for_update
@@ -344,7 +354,7 @@ class PPOTrainer:
         }
         if cfg.algo == "ppo":
             stats["explained_var"] = explained_variance(values, returns, action_mask)
-        elif for_update:  # ties of the scores, before the KL: the reward teaches them nothing
+        elif for_update and cfg.algo != "reinforce++":  # ties of the scores, before the KL: the reward teaches them nothing
             stats["zero_groups"] = zero_group_fraction(scores, cfg.group_size)
         return exp, stats
 
@@ -390,9 +400,16 @@ class PPOTrainer:
                 logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
                 # token means divide by this: under torchrun, the whole minibatch's token mean
                 tokens = tokens_per_rank(mb.action_mask)
-                pg_loss, clipfrac, approx_kl = policy_loss(
-                    logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
-                    self.reduction, self.budget, tokens)
+                high = getattr(cfg, "clip_range_high", 0) or cfg.clip_range
+                if getattr(cfg, "ratio", "token") == "sequence":  # GSPO (refinements.py)
+                    seq_adv = ((mb.advantages * mb.action_mask).sum(-1)
+                               / mb.action_mask.sum(-1).clamp(min=1))  # one per response
+                    pg_loss, clipfrac, approx_kl = sequence_policy_loss(
+                        logprobs, mb.logprobs, seq_adv, mb.action_mask, cfg.clip_range, high)
+                else:
+                    pg_loss, clipfrac, approx_kl = policy_loss(
+                        logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
+                        self.reduction, self.budget, tokens, clip_high=high)
                 # under torchrun: the whole minibatch's approx-KL, one decision for every rank
                 if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:

@@ -1,0 +1,78 @@
+"""Refinements of GRPO and PPO published since GRPO, each a few lines on top of ppo.py.
+
+Each is an option of train_ppo.py, off by default; each changes one thing:
+
+1. **Clip-higher** (DAPO, Yu et al. 2025): PPO clips the ratio to [1 - eps, 1 + eps]. A token
+   the policy rarely writes (p = 0.01) can then rise only to 0.012 per update while a likely
+   one can fall just as far: the clip is harsher on raising unlikely tokens than on lowering
+   likely ones, and the policy's entropy collapses. DAPO widens the upper side only:
+   clip(ratio, 1 - eps_low, 1 + eps_high), eps_high 0.28 against eps_low 0.2
+   (`--clip_range_high`; `ppo.policy_loss` takes it).
+
+2. **A sequence-level ratio** (GSPO, Zheng et al. 2025): GRPO gives one advantage to a whole
+   response but weighs each token by its own ratio, so a few tokens whose probability moved a
+   lot decide the update. GSPO uses one ratio per response, the geometric mean of its tokens'
+   ratios, s_i = exp(mean_t (log pi - log pi_old)), clips that per response (their clip range
+   is small: about 3e-4 to 4e-4, since a mean of log-ratios moves little), and applies it to
+   the response's advantage (`sequence_policy_loss`, `--ratio sequence`).
+
+3. **Overlong reward shaping** (DAPO): a response cut off at the token budget gets a fixed
+   penalty (`--missing_eos_penalty`), a cliff. DAPO puts a ramp before the cliff: within the
+   last `buffer` tokens of the budget, the reward falls linearly, to -1 at the budget
+   (`overlong_penalty`, `--overlong_buffer`), so the policy learns of the limit before it
+   hits it.
+
+4. **REINFORCE++** (Hu 2025): no critic and no groups; the KL to the reference is a per-token
+   reward, as in PPO; a token's return is the sum of the rewards from it to the end (gamma 1,
+   no value to bootstrap from); and the returns are normalised over the whole batch, not per
+   group, which needs no group of samples per prompt (`reinforce_pp_advantages`,
+   `--algo reinforce++`). PPO's clip is kept.
+
+Every function here is checked against a hand computation in tests/test_refinements.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from .ppo import gae, masked_mean, masked_whiten
+
+
+def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_low: float,
+                         clip_high: float):
+    """GSPO's clipped surrogate with one ratio per sequence: (loss, clipfrac, approx_kl).
+
+    logprobs, old_logprobs, action_mask: (B, N); advantages: (B,) one per sequence.
+    s_i = exp(mean over i's tokens of (logprobs - old_logprobs));
+    loss_i = max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high)); loss = mean over i.
+    clipfrac is the share of sequences whose clipped branch was taken; approx_kl the token
+    mean of (r - 1) - log r, as ppo.policy_loss reports it."""
+    tokens = action_mask.sum(-1).clamp(min=1)
+    log_ratio = (logprobs - old_logprobs) * action_mask
+    seq_ratio = torch.exp(log_ratio.sum(-1) / tokens)                            # (B,)
+    unclipped = -advantages * seq_ratio
+    clipped = -advantages * torch.clamp(seq_ratio, 1 - clip_low, 1 + clip_high)
+    loss = torch.max(unclipped, clipped).mean()
+    with torch.no_grad():
+        clipfrac = (clipped > unclipped).float().mean()
+        ratio = torch.exp(log_ratio)
+        approx_kl = masked_mean((ratio - 1) - log_ratio, action_mask)
+    return loss, clipfrac, approx_kl
+
+
+def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: int) -> torch.Tensor:
+    """(B,) DAPO's soft penalty for responses of `lengths` tokens under a budget of `budget`:
+    0 up to budget - buffer tokens, then falling linearly to -1 at the budget:
+    -(length - (budget - buffer)) / buffer, clamped to [-1, 0]. `buffer` 0: no penalty."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float)
+    over = (lengths.float() - (budget - buffer)) / buffer
+    return -over.clamp(0, 1)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor,
+                            all_ranks: bool = False) -> torch.Tensor:
+    """(B, N) REINFORCE++ advantages: each token's return, the sum of the (KL-shaped) rewards
+    from it to the end of its response, then whitened over every real token of the batch.
+    That is GAE with no critic (values 0), gamma 1 and lambda 1."""
+    returns, _ = gae(rewards, torch.zeros_like(rewards), action_mask, gamma=1.0, lam=1.0)
+    return masked_whiten(returns, action_mask, all_ranks=all_ranks)
