@@ -160,8 +160,9 @@ def run_job(mode, out, script, argv) -> bool:
         real_loss, real_whiten, real_learn = (ppo_trainer.policy_loss, ppo_trainer.masked_whiten,
                                               ppo_trainer.PPOTrainer.learn)
 
-        def policy_loss(logprobs, old_logprobs, advantages, mask, *args):
-            pg, clipfrac, approx_kl = real_loss(logprobs, old_logprobs, advantages, mask, *args)
+        def policy_loss(logprobs, old_logprobs, advantages, mask, *args, **kwargs):
+            pg, clipfrac, approx_kl = real_loss(logprobs, old_logprobs, advantages, mask, *args,
+                                                **kwargs)
             if record["first_minibatch"] is None:
                 ratio = torch.exp(logprobs - old_logprobs)[mask.bool()]
                 record["first_minibatch"] = {"max_ratio_error": (ratio - 1).abs().max().item(),
