@@ -96,21 +96,15 @@ DETAILS = {
 }
 
 
-def load() -> dict:
-    return results_file.load(RESULTS)
-
-
-def save(result: dict) -> None:
-    results_file.save(RESULTS, result)
 
 
 def merge(paths: list[str]) -> None:
     """Add the runs of other results files (seeds run by another process) to RESULTS."""
-    result = load()
+    result = results_file.load(RESULTS)
     for path in paths:
         result["runs"].update(results_file.load(path)["runs"])
     summarise(result)
-    save(result)
+    results_file.save(RESULTS, result)
 
 
 def stages(seed: int, root: str) -> None:
@@ -204,7 +198,7 @@ def main():
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    result = load()
+    result = results_file.load(RESULTS)
     if not args.draw_only:
         for seed in args.seeds:
             root = os.path.join(args.work, f"seed{seed}")
@@ -215,9 +209,9 @@ def main():
                     continue
                 result["runs"][key] = run(seed, root, name)
                 summarise(result)
-                save(result)
+                results_file.save(RESULTS, result)
     summarise(result)
-    save(result)
+    results_file.save(RESULTS, result)
     if args.table:
         print(markdown_table(result))
         return

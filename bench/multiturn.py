@@ -105,12 +105,6 @@ def run_rl(seed: int, sft: str, out: str, options: dict, iters: int) -> dict:
     return figures
 
 
-def load() -> dict:
-    return results_file.load(RESULTS)
-
-
-def save(result: dict) -> None:
-    results_file.save(RESULTS, result)
 
 
 def summarise(result: dict) -> None:
@@ -194,7 +188,7 @@ def main():
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--draw_only", action="store_true")
     args = ap.parse_args()
-    result = load()
+    result = results_file.load(RESULTS)
     result.update(optimum_turns=optimal_turns(), teacher_turns=teacher_turns(),
                   teacher_success=teacher_success(), held_out_episodes=HELD_OUT,
                   rl_iters=args.iters)
@@ -204,7 +198,7 @@ def main():
             key = f"sft/{seed}"
             if args.rerun or key not in result["runs"] or not os.path.exists(os.path.join(sft, "ckpt.pt")):
                 result["runs"][key] = run_sft(seed, sft)
-                save(result)
+                results_file.save(RESULTS, result)
             for method in args.methods:
                 key = f"{method}/{seed}"
                 if key in result["runs"] and not args.rerun:
@@ -212,16 +206,16 @@ def main():
                 out = os.path.join(args.work, f"seed{seed}", method)
                 result["runs"][key] = run_rl(seed, sft, out, METHODS[method], args.iters)
                 summarise(result)
-                save(result)
+                results_file.save(RESULTS, result)
         # runs measured before kl_actions was a figure: measure their checkpoints again
         for key, run in result["runs"].items():
             method, seed = key.split("/")
             if method != "sft" and "kl_actions" not in run:
                 folder = os.path.join(args.work, f"seed{seed}")
                 run.update(held_out(os.path.join(folder, method), os.path.join(folder, "sft")))
-                save(result)
+                results_file.save(RESULTS, result)
     summarise(result)
-    save(result)
+    results_file.save(RESULTS, result)
     draw(result, RESULTS.replace(".json", ".png"))
     for method, s in result["summary"].items():
         print(f"{method:14s} " + ", ".join(

@@ -90,12 +90,6 @@ def timed(fn, cfg) -> float:
     return time.time() - start
 
 
-def load() -> dict:
-    return results_file.load(RESULTS)
-
-
-def save(result: dict) -> None:
-    results_file.save(RESULTS, result)
 
 
 def summarise(result: dict) -> None:
@@ -180,7 +174,7 @@ def main():
     ap.add_argument("--draw_only", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
-    result = load()
+    result = results_file.load(RESULTS)
     png = os.path.join(ROOT, "bench", "results", "verifiable.png")
     if not args.draw_only:
         for seed in args.seeds:
@@ -195,7 +189,7 @@ def main():
                     if part == "sort":
                         run.update(pass_at(sft_dir, task, seed=seed))
                     result["runs"][key] = run
-                    save(result)
+                    results_file.save(RESULTS, result)
                 if part == "reviews" and not os.path.exists(os.path.join(root, "rm", "ckpt.pt")):
                     train_rm.main(train_rm.Config(out_dir=os.path.join(root, "rm"), sft_dir=sft_dir,
                                                   seed=seed))
@@ -211,10 +205,10 @@ def main():
                     if part == "sort":
                         run.update(pass_at(out_dir, task, seed=seed))
                     result["runs"][key] = run
-                    save(result)
+                    results_file.save(RESULTS, result)
                     print(json.dumps({key: {k: v for k, v in run.items() if k != "frontier"}}))
         summarise(result)
-        save(result)
+        results_file.save(RESULTS, result)
     try:
         draw(result, png)
     except ImportError:

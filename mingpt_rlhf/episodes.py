@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .data import left_pad
 from .errors import UserError
 from .logprobs import tempered_logprobs
 from .model import position_ids_from_mask
@@ -268,7 +269,7 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
     """The turns of `play_episodes`, filling each _Record. `live` lists the records still
     playing, in the order of the batch's rows."""
     live = list(records)
-    ids, mask = _left_pad([r.opening for r in live], pad, device)
+    ids, mask = (x.to(device) for x in left_pad([r.opening for r in live], pad))
     # the rows will be compacted to one width, the longest opening plus the longest run of
     # turns (_compact), and the trainer's passes need that width to fit the context: so the
     # longest opening counts for every row when deciding whether another turn fits
@@ -340,23 +341,13 @@ def _play(model, tokenizer, records, max_turns, max_new_tokens, temperature, top
             cache.kv = cache.kv[:, :, index]
             mask, n_real = mask[index], n_real[index]
             live = [live[i] for i in keep]
-        block_ids, block_mask = _left_pad(new_ids, pad, device)
+        block_ids, block_mask = (x.to(device) for x in left_pad(new_ids, pad))
         # each row's pending token (if real) and its reply, numbered on from its real tokens
         positions = (n_real[:, None] + block_mask.cumsum(-1) - 1).clamp(min=0)
         mask = torch.cat([mask, block_mask], 1)
         _grow(cache, cache.length + block_ids.size(1))
         logits, hidden = next_token_logits(model, block_ids, mask, positions, cache, suppress)
         n_real = n_real + block_mask.sum(-1)
-
-
-def _left_pad(rows: list[list[int]], pad: int, device):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _compact(records, seeds, pad, device, score) -> Episodes:

@@ -139,6 +139,10 @@ class PPOTrainer:
         self.reuse_sampler_logprobs = dtype == torch.float32
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
         self.kl_in, self.reduction = cfg.kl_in, cfg.reduction
+        # refinements (refinements.py): the ratio's upper clip, and one ratio per token or per
+        # sequence; a caller's cfg without these options gets PPO's own
+        self.clip_high = getattr(cfg, "clip_range_high", 0) or cfg.clip_range
+        self.sequence_ratio = getattr(cfg, "ratio", "token") == "sequence"
         self.episodes = episodes
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
@@ -400,16 +404,16 @@ class PPOTrainer:
                 logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
                 # token means divide by this: under torchrun, the whole minibatch's token mean
                 tokens = tokens_per_rank(mb.action_mask)
-                high = getattr(cfg, "clip_range_high", 0) or cfg.clip_range
-                if getattr(cfg, "ratio", "token") == "sequence":  # GSPO (refinements.py)
+                if self.sequence_ratio:  # GSPO (refinements.py)
                     seq_adv = ((mb.advantages * mb.action_mask).sum(-1)
                                / mb.action_mask.sum(-1).clamp(min=1))  # one per response
                     pg_loss, clipfrac, approx_kl = sequence_policy_loss(
-                        logprobs, mb.logprobs, seq_adv, mb.action_mask, cfg.clip_range, high)
+                        logprobs, mb.logprobs, seq_adv, mb.action_mask, cfg.clip_range,
+                        self.clip_high)
                 else:
                     pg_loss, clipfrac, approx_kl = policy_loss(
                         logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
-                        self.reduction, self.budget, tokens, clip_high=high)
+                        self.reduction, self.budget, tokens, clip_high=self.clip_high)
                 # under torchrun: the whole minibatch's approx-KL, one decision for every rank
                 if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
