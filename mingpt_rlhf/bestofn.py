@@ -13,6 +13,8 @@ number.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .evaluate import generate_batches, response_texts
@@ -36,3 +38,37 @@ def best_of_n(policy, reward_model, tokenizer, prompts: list[str], n: int, max_n
     best = scores.argmax(-1)
     chosen = [texts[i * n + j] for i, j in enumerate(best.tolist())]
     return chosen, scores.max(-1).values, n_tokens / len(prompts)
+
+
+def best_of_n_kl(n: int) -> float:
+    """KL(best-of-n || policy) in nats, as Stiennon et al. and Gao et al. give it:
+    log n - (n - 1) / n. Exact when no two samples ever tie on the reward; with ties it is an
+    upper bound (`best_of_n_kl_exact`)."""
+    return math.log(n) - (n - 1) / n
+
+
+def best_of_n_kl_exact(probs: torch.Tensor, rewards: torch.Tensor, n: int) -> float:
+    """The exact KL(best-of-n || policy) of a policy over finitely many outcomes, outcome i drawn
+    with probability probs[i] and scored rewards[i]. Outcomes with equal rewards form one level;
+    best-of-n lands on a level L with probability F(L)^n - F(L-)^n (F: the probability of
+    scoring at most L's reward), spread over the level's outcomes in proportion to probs, so
+    KL = sum over levels of q(L) log(q(L) / p(L))."""
+    probs, rewards = probs.double(), rewards.double()
+    levels = torch.unique(rewards)                                    # ascending
+    p_level = torch.stack([probs[rewards == r].sum() for r in levels])
+    below = torch.cumsum(p_level, 0)
+    q_level = below ** n - torch.cat([below.new_zeros(1), below[:-1]]) ** n
+    keep = q_level > 0
+    return (q_level[keep] * torch.log(q_level[keep] / p_level[keep])).sum().item()
+
+
+def best_of_n_weights(N: int, n: int) -> torch.Tensor:
+    """(N,) float64: the chance that the i-th lowest of N scored samples (i = 1..N) is the
+    highest of n drawn from them without replacement, C(i - 1, n - 1) / C(N, n). The weighted
+    sum of the N samples' (sorted) figures is then the exact mean of best-of-n over every
+    n-subset: one set of N samples measures best-of-n for every n <= N."""
+    if not 1 <= n <= N:
+        raise ValueError(f"need 1 <= n <= N, got n={n}, N={N}")
+    total = math.comb(N, n)
+    return torch.tensor([math.comb(i - 1, n - 1) / total for i in range(1, N + 1)],
+                        dtype=torch.float64)

@@ -1,0 +1,85 @@
+"""Overoptimization's functional forms (mingpt_rlhf/overoptimization.py) fitted on curves made
+from known coefficients, and best-of-n's KL formula against the exact KL of small policies."""
+import math
+
+import pytest
+import torch
+
+import itertools
+
+from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights
+from mingpt_rlhf.overoptimization import curve, fit
+
+
+@pytest.mark.parametrize("form,alpha,beta,peak", [
+    ("bon", 0.8, 0.2, 0.8 / 0.4),
+    ("rl", 0.6, 0.3, math.exp(0.6 / 0.3 - 1)),
+])
+def test_a_fit_recovers_known_coefficients(form, alpha, beta, peak):
+    d = torch.linspace(0, 5, 21)
+    exact = fit(form, d, curve(form, d, alpha, beta))
+    assert exact["alpha"] == pytest.approx(alpha, abs=1e-9)
+    assert exact["beta"] == pytest.approx(beta, abs=1e-9)
+    assert exact["r2"] == pytest.approx(1.0) and exact["peak_d"] == pytest.approx(peak)
+    # with noise the coefficients move a little and r2 drops below 1, not to nonsense
+    g = torch.Generator().manual_seed(0)
+    noisy = curve(form, d, alpha, beta) + 0.02 * torch.randn(21, generator=g, dtype=torch.float64)
+    f = fit(form, d, noisy)
+    assert abs(f["alpha"] - alpha) < 0.05 and abs(f["beta"] - beta) < 0.05 and 0.9 < f["r2"] < 1
+
+
+def test_the_two_forms_tell_their_curves_apart():
+    """A best-of-n curve is fitted better by the best-of-n form than the RL form, and the other
+    way round."""
+    d = torch.linspace(0.1, 4, 30)
+    bon, rl = curve("bon", d, 1.0, 0.3), curve("rl", d, 0.5, 0.4)
+    assert fit("bon", d, bon)["r2"] > fit("rl", d, bon)["r2"]
+    assert fit("rl", d, rl)["r2"] > fit("bon", d, rl)["r2"]
+
+
+def test_a_curve_that_never_turns_down_has_no_peak():
+    d = torch.linspace(0, 3, 10)
+    assert fit("bon", d, 0.5 * d)["peak_d"] == math.inf
+
+
+def test_bad_fit_input_is_refused():
+    with pytest.raises(ValueError, match="same length"):
+        fit("bon", [1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="negative"):
+        fit("rl", [-1, 2], [0, 1])
+    with pytest.raises(ValueError, match="form"):
+        fit("ppo", [1, 2], [0, 1])
+
+
+def test_best_of_n_kl_formula_is_the_exact_kl_without_ties_and_bounds_it_with_ties():
+    """A policy over 2000 equally likely outcomes with distinct rewards: best-of-n's exact KL
+    approaches log n - (n - 1)/n (the formula holds for continuous rewards; 2000 outcomes make
+    ties between samples rare). With ties (4 levels) the exact KL is below it."""
+    distinct = torch.full((2000,), 1 / 2000)
+    rewards = torch.randperm(2000, generator=torch.Generator().manual_seed(0)).float()
+    for n in (1, 2, 4, 16, 64):
+        assert best_of_n_kl_exact(distinct, rewards, n) == pytest.approx(best_of_n_kl(n), rel=1e-3)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    tied = torch.tensor([0.0, 1.0, 1.0, 2.0])  # 3 levels
+    for n in (2, 8, 256):
+        assert best_of_n_kl_exact(probs, tied, n) < best_of_n_kl(n)
+    # by hand, n = 2, two levels of 1/2: q = (1/4, 3/4), KL = 1/4 log(1/2) + 3/4 log(3/2)
+    half = torch.tensor([0.5, 0.5])
+    assert best_of_n_kl_exact(half, torch.tensor([0.0, 1.0]), 2) == pytest.approx(
+        0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    assert best_of_n_kl(1) == 0 and best_of_n_kl_exact(half, torch.tensor([0.0, 1.0]), 1) == 0
+
+
+def test_best_of_n_weights_give_the_mean_over_every_subset():
+    """Six scores: the weighted sum equals the mean, over all C(6, n) subsets of n, of the
+    subset's highest score."""
+    scores = torch.tensor([0.3, -1.0, 2.0, 0.7, 1.1, -0.2], dtype=torch.float64)
+    ordered = scores.sort().values
+    for n in range(1, 7):
+        brute = [max(c) for c in itertools.combinations(scores.tolist(), n)]
+        w = best_of_n_weights(6, n)
+        assert w.sum().item() == pytest.approx(1.0)
+        assert (ordered @ w).item() == pytest.approx(sum(brute) / len(brute))
+    assert best_of_n_weights(256, 256)[-1].item() == 1.0
+    with pytest.raises(ValueError):
+        best_of_n_weights(4, 5)
