@@ -25,9 +25,14 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
-minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; eval lines with gold,
+minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
+--dynamic_sampling: dropped_groups, rollouts, kept_rows; with --tis_cap or --sampler_lag:
+mismatch_kl, mismatch_abs, tis_capped; eval lines with gold,
 rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
-the environment's figures, eval lines reward, kl, turns, done_rate and its figures).
+the environment's figures, eval lines reward, kl, turns, done_rate and its figures), and
+out_dir/rollouts.jsonl (--record_rollouts held-out responses at each eval, every token's
+log-probs, value, advantage, reward and entropy: mingpt_rlhf/rollouts.py) and report.html (the
+run's curves and those tokens in one page: python -m mingpt_rlhf.report).
 """
 from __future__ import annotations
 
@@ -54,6 +59,8 @@ from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.plot import picture_of_run
+from mingpt_rlhf.report import comparison_lines, report_of_run
+from mingpt_rlhf.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
@@ -161,6 +168,18 @@ class Config:
     overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
                                   "--max_new_tokens a response's reward falls linearly, to -1 "
                                   "at the budget (0 = off)")
+    dynamic_sampling: int = opt(0, "DAPO's dynamic sampling (grpo / rloo): drop the groups whose "
+                                   "scores are all equal (they carry no signal) and refill the "
+                                   "batch from up to this many more rollout batches of new "
+                                   "prompts; if still short, the update uses what it kept (0 = off)")
+    tis_cap: float = opt(0.0, "truncated importance sampling: weigh each token's loss by the "
+                              "learner's over the sampler's probability of it, capped at this "
+                              "(e.g. 2); for --dtype bfloat16 / float16, where the sampler's "
+                              "log-probs differ from the scoring pass's (0 = off)")
+    sampler_lag: int = opt(0, "0 | 1: sample each rollout with the policy as it was one update "
+                              "earlier, as an asynchronous trainer's sampler runs behind its "
+                              "learner: the rollouts are then off-policy (what --tis_cap "
+                              "corrects); the logs show the gap as mismatch_kl")
     clip_range_value: float = opt(0.2, "value clip range around the old values")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
@@ -179,6 +198,11 @@ class Config:
     eval_interval: int = opt(20, "iterations between evaluations and checkpoints")
     eval_prompts: int = opt(200, "held-out prompts sampled at each eval (with --env: held-out "
                                  "episodes, seeds 0, 1, ...)")
+    record_rollouts: int = opt(8, "at each eval, record the first this-many held-out prompts' "
+                                  "responses (grpo / rloo: a group each; --env: episodes) with "
+                                  "every token's log-prob, reference log-prob, value, advantage, "
+                                  "reward and entropy into rollouts.jsonl, which report.html shows "
+                                  "(0 = off; mingpt_rlhf/rollouts.py)")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
@@ -216,6 +240,17 @@ def check_config(cfg: Config):
     if cfg.overlong_buffer >= cfg.max_new_tokens:
         raise UserError(f"--overlong_buffer {cfg.overlong_buffer} must be smaller than "
                         f"--max_new_tokens {cfg.max_new_tokens} (the ramp ends at the budget)")
+    if cfg.sampler_lag not in (0, 1):
+        raise UserError(f"--sampler_lag must be 0 or 1, got {cfg.sampler_lag}")
+    if cfg.dynamic_sampling < 0 or cfg.tis_cap < 0:
+        raise UserError("--dynamic_sampling and --tis_cap must be >= 0 (0 = off)")
+    if cfg.dynamic_sampling and cfg.algo not in ("grpo", "rloo"):
+        raise UserError(f"--dynamic_sampling drops groups of equal scores: --algo grpo or rloo, "
+                        f"not {cfg.algo} (it has no groups)")
+    if (cfg.tis_cap or cfg.sampler_lag) and not cfg.mask_env:
+        raise UserError("--tis_cap and --sampler_lag need the sampler's log-prob of every "
+                        "trained token; with "
+                        "--mask_env false the environment's tokens have none")
     if cfg.overlong_buffer and cfg.env:
         raise UserError("--overlong_buffer shapes single responses; with --env the "
                         "environment's rewards are used as they are")
@@ -284,6 +319,7 @@ def check_config(cfg: Config):
     if cfg.adaptive_kl and cfg.kl_coef == 0:
         raise UserError("--kl_coef 0 with the adaptive KL controller: beta can only be scaled, "
                         "so it would stay 0; pass a starting --kl_coef > 0, or --adaptive_kl false")
+    require_non_negative(cfg, "record_rollouts")
     check_lora_options(cfg)
 
 
@@ -407,6 +443,13 @@ def main(cfg: Config) -> dict:
     world, rank = world_size(), process_rank()
     local = share_of_process(cfg, world)
     dtype = resolve_dtype(cfg.dtype, device)
+    if cfg.tis_cap and dtype == torch.float32 and not cfg.sampler_lag:
+        raise UserError("--tis_cap corrects a sampler whose log-probs differ from the learner's; "
+                        "in float32 the sampler's are the learner's (they are reused): pass "
+                        "--dtype bfloat16 or float16, or --sampler_lag 1, or drop --tis_cap")
+    if cfg.dynamic_sampling and world > 1:
+        raise UserError("--dynamic_sampling keeps a different number of rows on each process; "
+                        "run it in one process (without torchrun)")
     seed_everything(cfg.seed)
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, cfg.algo)
@@ -475,11 +518,15 @@ def main(cfg: Config) -> dict:
         kl_ctl.load_state_dict(resumed["kl_ctl"])
         kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
+        trainer.stale = resumed.get("sampler_behind")
         restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
+    # the same held-out prompts at every eval, token by token, for report.html (rollouts.py)
+    recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
+                               cfg.seed, task, env_class, resume_step=step if resumed else None)
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
     method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
               if cfg.algo == "reinforce++" else
@@ -501,6 +548,7 @@ def main(cfg: Config) -> dict:
             "kl_ctl": kl_ctl.state_dict(), "kl_over_target": kl_high, "step": step,
             "rng": rank_rng_states(sample=sample_gen, shuffle=shuffle_gen),
             "prompt_rng": prompt_gen.get_state(),
+            "sampler_behind": trainer.stale,  # --sampler_lag: the next rollout's weights
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
     def draw_prompts() -> list[int]:
@@ -534,6 +582,7 @@ def main(cfg: Config) -> dict:
         sums, transcripts, returns = {"reward": 0.0, "kl": 0.0, "turns": 0.0, "done_rate": 0.0}, [], []
         for i in range(0, len(seeds), local.rollout_batch_size):
             exp, stats, ep = trainer.play(seeds[i:i + local.rollout_batch_size], gen, for_update=False)
+            recorder.record(trainer, step, exp, first=i, episodes=ep)
             n = len(ep.seeds)
             for k, source in (("reward", "rm_score"), ("kl", "kl"), ("turns", "turns"),
                               ("done_rate", "eos_rate")):
@@ -564,6 +613,7 @@ def main(cfg: Config) -> dict:
             ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
             exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False,
                                                  fields=fields_of(eval_rows[i:i + batch]))
+            recorder.record(trainer, step, exp, first=i, fields=fields_of(eval_rows[i:i + batch]))
             n = len(exp.scores)
             figures[score_name] += stats["rm_score"] * n
             figures["kl"] += stats["kl"] * n
@@ -595,7 +645,9 @@ def main(cfg: Config) -> dict:
         batches = [draw_prompts() if cfg.env else batch_of_prompts(draw_prompts())
                    for _ in range(cfg.rollouts_per_update)]
         scoring(f"iteration {step + 1}")
-        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen)
+        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen,
+                                          refill=lambda: (draw_prompts() if cfg.env else
+                                                          batch_of_prompts(draw_prompts())))
         stats[score_name] = stats.pop("rm_score")
         if cfg.env:
             returns = [x for e in experiences for x in e.scores.tolist()]  # each episode's
@@ -628,12 +680,9 @@ def main(cfg: Config) -> dict:
     summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
-        held = "episodes" if cfg.env else "prompts"
-        print(f"on held-out {held}, from the SFT policy (step 0) to the {cfg.algo.upper()} policy:")
-        for k in ["gold", "success", score_name, "turns", "well_formed", "kl", "distinct2"]:
-            if k in final:
-                print(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
+        print("\n".join(comparison_lines(initial, final, cfg.algo, "episodes" if cfg.env else "prompts")))
     picture_of_run(cfg.out_dir)
+    report_of_run(cfg.out_dir)  # report.html: curves and recorded tokens, opens in a browser
     shutdown()
     return summary
 

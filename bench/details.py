@@ -1,10 +1,11 @@
-"""What each implementation detail of PPO is worth: the default run with one detail taken out,
-judged by the gold reward, 3 seeds.
+"""What each implementation detail of PPO and GRPO is worth: the default run with one detail
+taken out, judged by the gold reward, 3 seeds.
 
-    python bench/details.py                         # every detail, seeds 0 1 2 (~75 min a seed
-                                                    # on 2 CPU cores)
+    python bench/details.py                         # every detail, seeds 0 1 2 (~60 min of PPO
+                                                    # and ~7 of GRPO a seed on 2 CPU cores)
     python bench/details.py --seeds 0 --details no_whiten no_kl
-    python bench/details.py --draw_only --table     # docs/details.md's table, from the JSON
+    python bench/details.py --draw_only --table     # docs/details.md's tables and
+                                                    # bench/results/details.png, from the JSON
 
 For each seed: SFT and the reward model with the scripts' defaults and that --seed (and a
 second reward model without its normalisation, for `rm_unnormalised`), then the default PPO
@@ -14,6 +15,10 @@ well_formed, KL to the SFT policy, distinct2 (collapse into repetition shows her
 run's wall seconds and skipped updates. Every run is written to bench/results/details.json
 as soon as it ends and is not run again (--rerun to redo): a killed bench continues where it
 stopped, and a bench may span several sittings.
+
+The critic-free details (the `sort_` runs): the sort task's SFT with that --seed, then GRPO's
+default run on sort trained on the exact check (`--reward task`), and one run per detail; the
+gold there is the held-out exact-match accuracy.
 
 Details that have an option are changed through it; the others (whitening, dropout) through a
 patch of the one function that does them, named beside each.
@@ -95,6 +100,26 @@ DETAILS = {
     "rm_unnormalised": ("the reward model's scores not normalised", dict(rm="unnormalised"), None),
 }
 
+# The critic-free details: GRPO (Dr. GRPO, the script's default) on the sort task, rewarded by
+# the exact check (--reward task), so the reward itself is the truth. Same shape as DETAILS.
+SORT_DETAILS = {
+    "sort_baseline": ("GRPO's default run on sort", {}, None),
+    "sort_std_norm": ("the paper's GRPO: advantages divided by the group's std, per-response "
+                      "token means, KL (k3) in the loss", dict(grpo_norm="grpo"), None),
+    "sort_no_kl": ("no KL penalty (beta 0, no controller)",
+                   dict(kl_coef=0.0, adaptive_kl=False), None),
+    "sort_kl_in_loss": ("the KL as beta * k3 per token in the loss, not in the reward",
+                        dict(kl_in="loss"), None),
+    "sort_token_mean": ("token losses averaged over the minibatch's tokens (not summed per "
+                        "response and divided by the token budget)", dict(reduction="token"), None),
+    "sort_no_policy_clip": ("the ratio unclipped", dict(clip_range=1e6), None),
+    "sort_one_epoch": ("one pass over each rollout (4 by default)", dict(ppo_epochs=1), None),
+    "sort_no_target_kl": ("no early stop of an update on approx-KL", dict(target_kl=0.0), None),
+    "sort_group_2": ("groups of 2 responses (32 prompts a batch), not 8 (8 prompts)",
+                     dict(group_size=2), None),
+}
+ALL_DETAILS = {**DETAILS, **SORT_DETAILS}
+
 
 
 
@@ -107,8 +132,15 @@ def merge(paths: list[str]) -> None:
     results_file.save(RESULTS, result)
 
 
-def stages(seed: int, root: str) -> None:
-    """SFT, RM and the unnormalised RM of `seed` in root (each only if missing)."""
+def stages(seed: int, root: str, names: list[str]) -> None:
+    """What the runs `names` of `seed` start from, each trained only if missing: SFT, the RM and
+    the unnormalised RM on reviews; the sort task's SFT in root/sort_sft."""
+    if any(n in SORT_DETAILS for n in names):
+        sort_sft = os.path.join(root, "sort_sft")
+        if not os.path.exists(os.path.join(sort_sft, "ckpt.pt")):
+            train_sft.main(train_sft.Config(out_dir=sort_sft, task="sort", seed=seed))
+    if not any(n in DETAILS for n in names):
+        return
     if not os.path.exists(os.path.join(root, "sft", "ckpt.pt")):
         train_sft.main(train_sft.Config(out_dir=os.path.join(root, "sft"), seed=seed))
     for name, extra in (("rm", {}), ("rm_unnormalised", dict(norm_samples=0))):
@@ -118,14 +150,17 @@ def stages(seed: int, root: str) -> None:
 
 
 def run(seed: int, root: str, name: str) -> dict:
-    _, options, patch = DETAILS[name]
+    _, options, patch = ALL_DETAILS[name]
     options = dict(options)
     rm = os.path.join(root, "rm_unnormalised" if options.pop("rm", "") else "rm")
+    sft = os.path.join(root, "sft")
+    if name in SORT_DETAILS:
+        options = dict(algo="grpo", task="sort", reward="task", **options)
+        sft = os.path.join(root, "sort_sft")
     out = os.path.join(root, name)
     start = time.time()
     with (patch() if patch else contextlib.nullcontext()):
-        train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=os.path.join(root, "sft"),
-                                        rm_dir=rm, seed=seed, **options))
+        train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, rm_dir=rm, seed=seed, **options))
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     final = rows[-1]
     figures = {k: final[k] for k in ("gold", "rm_score", "well_formed", "kl", "distinct2",
@@ -142,7 +177,7 @@ def summarise(result: dict) -> None:
         by.setdefault(key.split("/")[0], []).append(r)
     result["summary"] = {}
     for name, runs in by.items():
-        s = {"seeds": len(runs), "what": DETAILS[name][0] if name in DETAILS else ""}
+        s = {"seeds": len(runs), "what": ALL_DETAILS[name][0] if name in ALL_DETAILS else ""}
         for k in ("gold", "rm_score", "kl", "distinct2", "seconds"):
             v = [r[k] for r in runs if k in r]
             if v:
@@ -150,13 +185,17 @@ def summarise(result: dict) -> None:
         result["summary"][name] = s
 
 
-def markdown_table(result: dict) -> str:
-    """The table of docs/details.md: per detail, gold, RM score, KL and distinct2 as the mean
-    over the seeds run so far [their range], and the gold's change from the baseline."""
+def markdown_table(result: dict, details: dict = DETAILS) -> str:
+    """A table of docs/details.md: per detail, gold, RM score, KL and distinct2 as the mean over
+    the seeds run so far [their range], and the gold's change from the baseline (the first
+    entry of `details`). On sort the gold is the exact-match accuracy and there is no RM."""
     summary = result["summary"]
-    base = summary.get("baseline", {}).get("gold", {}).get("mean")
-    lines = ["| run | what changes | seeds | gold | change | RM score | KL | distinct2 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    first = next(iter(details))
+    base = summary.get(first, {}).get("gold", {}).get("mean")
+    sort = details is SORT_DETAILS
+    lines = ["| run | what changes | seeds | " + ("accuracy" if sort else "gold") + " | change | "
+             + ("" if sort else "RM score | ") + "KL | distinct2 |",
+             "| --- " * (7 if sort else 8) + "|"]
 
     def cell(s, k, digits=3):
         if k not in s:
@@ -165,25 +204,58 @@ def markdown_table(result: dict) -> str:
         if s["seeds"] == 1:
             return f"{v['mean']:.{digits}f}"
         return f"{v['mean']:.{digits}f} [{v['min']:.{digits}f}, {v['max']:.{digits}f}]"
-    for name in DETAILS:
+    for name in details:
         if name not in summary:
             continue
         s = summary[name]
-        change = "" if base is None or name == "baseline" else f"{s['gold']['mean'] - base:+.3f}"
-        lines.append(f"| `{name}` | {DETAILS[name][0]} | {s['seeds']} | {cell(s, 'gold')} | "
-                     f"{change} | {cell(s, 'rm_score', 2)} | {cell(s, 'kl', 2)} | "
-                     f"{cell(s, 'distinct2')} |")
+        change = "" if base is None or name == first else f"{s['gold']['mean'] - base:+.3f}"
+        lines.append(f"| `{name}` | {details[name][0]} | {s['seeds']} | {cell(s, 'gold')} | "
+                     f"{change} | " + ("" if sort else f"{cell(s, 'rm_score', 2)} | ")
+                     + f"{cell(s, 'kl', 2)} | {cell(s, 'distinct2')} |")
     return "\n".join(lines)
+
+
+def draw(result: dict, png: str) -> None:
+    """Gold (sort: accuracy) against the final KL, one point per run name at its mean over the
+    seeds, with bars spanning the seeds' lowest and highest; left PPO on reviews, right GRPO on
+    sort; the baseline's gold range shaded."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, details, title in ((axes[0], DETAILS, "PPO on reviews (gold reward)"),
+                               (axes[1], SORT_DETAILS, "GRPO on sort (exact-match accuracy)")):
+        summary = {n: result["summary"][n] for n in details if n in result["summary"]}
+        first = next(iter(details))
+        if first in summary:
+            g = summary[first]["gold"]
+            ax.axhspan(g["min"], g["max"], color="0.85", label="baseline's seed range")
+        for i, (name, s) in enumerate(summary.items()):
+            if "gold" not in s or "kl" not in s:
+                continue
+            g, k = s["gold"], s["kl"]
+            ax.errorbar(k["mean"], g["mean"], xerr=[[k["mean"] - k["min"]], [k["max"] - k["mean"]]],
+                        yerr=[[g["mean"] - g["min"]], [g["max"] - g["mean"]]], fmt="o", ms=5,
+                        capsize=2, color=f"C{i % 10}", label=f"{name} ({s['seeds']})")
+        ax.set_xlabel("KL to the SFT policy at the end (nats per response)")
+        ax.set_ylabel("accuracy" if details is SORT_DETAILS else "gold")
+        ax.set_title(title + ": each detail taken out", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 def main():
     global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--details", nargs="+", default=list(DETAILS), choices=list(DETAILS))
+    ap.add_argument("--details", nargs="+", default=list(ALL_DETAILS), choices=list(ALL_DETAILS),
+                    help="which runs (default: all; the sort_ ones are GRPO on the sort task)")
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_details"))
     ap.add_argument("--rerun", action="store_true")
-    ap.add_argument("--draw_only", action="store_true", help="only summarise the JSON")
+    ap.add_argument("--draw_only", action="store_true", help="only summarise the JSON and draw "
+                                                                "the picture")
     ap.add_argument("--table", action="store_true", help="print docs/details.md's table")
     ap.add_argument("--results", default=RESULTS, help="the JSON to write (another file lets a "
                                                         "second process run other seeds at once)")
@@ -202,7 +274,7 @@ def main():
     if not args.draw_only:
         for seed in args.seeds:
             root = os.path.join(args.work, f"seed{seed}")
-            stages(seed, root)
+            stages(seed, root, args.details)
             for name in args.details:
                 key = f"{name}/{seed}"
                 if key in result["runs"] and not args.rerun:
@@ -212,8 +284,12 @@ def main():
                 results_file.save(RESULTS, result)
     summarise(result)
     results_file.save(RESULTS, result)
+    try:
+        draw(result, os.path.join(ROOT, "bench", "results", "details.png"))
+    except ImportError:
+        print("matplotlib is not installed: no picture")
     if args.table:
-        print(markdown_table(result))
+        print(markdown_table(result) + "\n\n" + markdown_table(result, SORT_DETAILS))
         return
     for name, s in result["summary"].items():
         print(f"{name:18s} " + ", ".join(f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]"

@@ -4,7 +4,9 @@
   resumes) and the stage's figures, flushed at once so a killed run keeps everything it
   logged. On `--resume` the lines after the checkpoint's step are dropped, so the file reads
   as if the run had never stopped.
-- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.plot`.
+- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.plot`
+  (and `python -m mingpt_rlhf.report`, which reads rollouts.jsonl, rollouts.py's log of
+  JSON lines, the same way; `restart_log` cuts both on `--resume`).
   A run killed while appending (or a full disk) can leave a half-written last line: it is
   dropped with a one-line note, since every line before it is whole. A broken line anywhere
   else means the file is not ours, and is a UserError.
@@ -19,13 +21,14 @@ import time
 from .errors import UserError
 
 
-def read_metrics(path: str) -> list[dict]:
-    """The entries of the metrics file at `path` (which must exist), in order."""
+def read_metrics(path: str, kind: str = "metrics file") -> list[dict]:
+    """The entries of the metrics file (or another `kind` of JSON-lines log the scripts
+    write) at `path` (which must exist), in order."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except UnicodeDecodeError:
-        raise UserError(f"{path} is not a metrics file written by the scripts (JSON lines)") from None
+        raise UserError(f"{path} is not a {kind} written by the scripts (JSON lines)") from None
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -37,12 +40,24 @@ def read_metrics(path: str) -> list[dict]:
                 print(f"note: dropped the half-written last line of {path} (the run was "
                       f"stopped while logging)", file=sys.stderr)
                 break
-            raise UserError(f"{path} line {number} is not JSON: not a metrics file written by "
+            raise UserError(f"{path} line {number} is not JSON: not a {kind} written by "
                             f"the scripts") from None
         if not isinstance(rows[-1], dict):
-            raise UserError(f"{path} line {number} is not a JSON object: not a metrics file "
+            raise UserError(f"{path} line {number} is not a JSON object: not a {kind} "
                             f"written by the scripts")
     return rows
+
+
+def restart_log(path: str, resume_step: int | None, kind: str = "metrics file") -> None:
+    """Start the JSON-lines log at `path` for this run: empty for a new run; on `--resume`
+    (`resume_step`, the checkpoint's step) its entries up to that step, the final summary
+    left out, so that the file reads as if the run had never stopped."""
+    kept = []
+    if resume_step is not None and os.path.exists(path):
+        kept = [entry for entry in read_metrics(path, kind)
+                if entry.get("step", 0) <= resume_step and not entry.get("final")]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(entry) + "\n" for entry in kept)
 
 
 class MetricsLog:
@@ -57,12 +72,7 @@ class MetricsLog:
         if not self.writes:
             return
         os.makedirs(out_dir, exist_ok=True)
-        kept = []
-        if resume_step is not None and os.path.exists(self.path):
-            kept = [entry for entry in read_metrics(self.path)
-                    if entry.get("step", 0) <= resume_step and not entry.get("final")]
-        with open(self.path, "w") as f:
-            f.writelines(json.dumps(entry) + "\n" for entry in kept)
+        restart_log(self.path, resume_step)
 
     def elapsed(self) -> float:
         return time.time() - self.start

@@ -31,6 +31,8 @@ PANELS = {
            ("kl_coef", [("kl_coef", "train")]), ("entropy", [("entropy", "train")]),
            ("clipfrac, approx_kl", [("clipfrac", "train"), ("approx_kl", "train")]),
            ("resp_len", [("resp_len", "train")]), ("eos_rate", [("eos_rate", "train")]),
+           ("groups with no signal", [("zero_groups", "train"), ("dropped_groups", "train")]),
+           ("sampler vs learner KL", [("mismatch_kl", "train")]),
            ("success (episodes)", [("success", "train"), ("success", "eval")]),
            ("turns (episodes)", [("turns", "train"), ("turns", "eval")])],
     "dpo": [("loss", [("loss", "train")]), ("reward_acc", [("reward_acc", "train")]),
@@ -46,12 +48,17 @@ def read_run(folder: str) -> tuple[str, list[dict], list[dict]]:
     rows = read_metrics(path)  # a half-written last line (a killed run) is dropped
     train = [r for r in rows if "split" not in r and "final" not in r]
     evals = [r for r in rows if r.get("split") == "eval"]
+    return stage_of(rows, path), train, evals
+
+
+def stage_of(rows: list[dict], path: str) -> str:
+    """The stage whose figures the metrics rows (of the file at `path`) hold."""
     keys = set().union(*rows) if rows else set()
     stage = ("dpo" if "reward_acc" in keys else "rl" if "kl_coef" in keys else
              "rm" if "eval_acc" in keys or "acc" in keys else "sft" if "eval_loss" in keys else None)
     if stage is None:
         raise UserError(f"{path} has no figures of a known stage (SFT, RM, PPO/GRPO/RLOO, DPO)")
-    return stage, train, evals
+    return stage
 
 
 def plot_runs(folders: list[str], out_path: str) -> str:

@@ -49,7 +49,8 @@ from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
                   last_action_index, masked_mean, masked_whiten, policy_loss, reduce_tokens,
                   value_loss)
-from .refinements import overlong_penalty, reinforce_pp_advantages, sequence_policy_loss
+from .refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
+                          sequence_policy_loss, truncated_is_weights)
 from .sampling import GenerationOutput, generate
 
 
@@ -136,17 +137,30 @@ class PPOTrainer:
         self.buffer = ReplayBuffer(pad_id)
         # in float32 the sampler's log-probs are the scoring pass's to rounding, so that pass
         # is skipped; under autocast they differ by low-precision noise (module docstring)
-        self.reuse_sampler_logprobs = dtype == torch.float32
+        self.reuse_sampler_logprobs = dtype == torch.float32 and not getattr(cfg, "sampler_lag", 0)
         # where the KL penalty goes and how token losses become one number (reduce_tokens)
         self.kl_in, self.reduction = cfg.kl_in, cfg.reduction
         # refinements (refinements.py): the ratio's upper clip, and one ratio per token or per
         # sequence; a caller's cfg without these options gets PPO's own
         self.clip_high = getattr(cfg, "clip_range_high", 0) or cfg.clip_range
         self.sequence_ratio = getattr(cfg, "ratio", "token") == "sequence"
+        # truncated importance sampling: the sampler's log-probs are kept beside the scoring
+        # pass's, to weigh each token by their ratio (refinements.py)
+        self.tis_cap = getattr(cfg, "tis_cap", 0.0)
+        # a sampler one update behind the learner (--sampler_lag 1): the actor's trainable
+        # weights as they were before the last update, swapped in to sample (`sampling`)
+        self.sampler_lag = getattr(cfg, "sampler_lag", 0)
+        self.stale = None
         self.episodes = episodes
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
+
+    @property
+    def keeps_sampler_logprobs(self) -> bool:
+        """Whether the sampler's log-probs are kept beside the learner's (not reused as them):
+        for truncated importance sampling, and to measure how far a lagging sampler is off."""
+        return self.tis_cap > 0 or self.sampler_lag > 0
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -197,6 +211,25 @@ class PPOTrainer:
             return lm_logprobs(model, hidden, sequences[:, T:], self.cfg.temperature,
                                self.suppress)[0]
 
+    @contextlib.contextmanager
+    def sampling(self, for_update: bool):
+        """The actor as the sampler of a training rollout: itself, or with --sampler_lag 1 its
+        weights of one update ago (swapped in, and back out after)."""
+        if not (self.sampler_lag and for_update and self.stale is not None):
+            yield
+            return
+        params = trainable(self.actor)
+        now = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, old in zip(params, self.stale):
+                p.copy_(old)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, new in zip(params, now):
+                    p.copy_(new)
+
     def sample(self, prompt_ids, prompt_mask, generator=None, score: bool = False) -> GenerationOutput:
         """Responses to a batch of prompts (sequences and masks (B, T + N); with `score`, the
         sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`
@@ -240,7 +273,9 @@ class PPOTrainer:
         reward function (rewards.py)."""
         cfg = self.cfg
         t0 = time.time()
-        out = self.sample(prompt_ids, prompt_mask, generator, score=self.reuse_sampler_logprobs)
+        with self.sampling(for_update):
+            out = self.sample(prompt_ids, prompt_mask, generator,
+                              score=self.reuse_sampler_logprobs or self.keeps_sampler_logprobs)
         t1 = time.time()
         T = prompt_ids.size(1)
         responses = out.sequences[:, T:]                                # (B, N)
@@ -281,8 +316,8 @@ class PPOTrainer:
         t0 = time.time()
         # the sampler's log-probs serve when only the actions need them; unmasked
         # environment tokens were never sampled, so the scoring pass computes theirs
-        score = self.reuse_sampler_logprobs and source.mask_env
-        with self.amp():
+        score = (self.reuse_sampler_logprobs or self.keeps_sampler_logprobs) and source.mask_env
+        with self.amp(), self.sampling(for_update):
             ep = source.play(self.actor, seeds, cfg, generator, score)
         t1 = time.time()
         T = ep.prompt_len
@@ -309,10 +344,11 @@ class PPOTrainer:
         # of a whole rollout batch of long sequences would set the peak memory of the iteration
         parts = []
         rows_per_pass = cfg.score_batch_size or cfg.minibatch_size
+        reuse = out.logprobs is not None and self.reuse_sampler_logprobs
         for i in range(0, len(seqs), rows_per_pass):
             rows = slice(i, i + rows_per_pass)
             with self.amp():
-                if out.logprobs is not None:  # the sampler's own (see the module docstring)
+                if reuse:  # the sampler's own (see the module docstring)
                     lp, ent = out.logprobs[rows], out.entropy[rows]
                     val = (self.value_head(out.hidden[rows]).squeeze(-1) if self.value_head is not None
                            else self.critic_values(seqs[rows], attn[rows], T) if self.critic is not None
@@ -342,6 +378,12 @@ class PPOTrainer:
             advantages = (self.group_baselined(rewards, group_keys) if for_update
                           else torch.zeros_like(rewards))[:, None] * action_mask
             rewards, returns = rewards[:, None] * action_mask, torch.zeros_like(values)
+        mismatch = {}
+        if out.logprobs is not None and not reuse:  # the sampler's and the learner's differ
+            weights, mismatch = truncated_is_weights(logprobs, out.logprobs.float() * action_mask,
+                                                     action_mask, self.tis_cap)
+            if self.tis_cap > 0:
+                advantages = advantages * weights  # = weighing each token's clipped surrogate
         exp = Experience(seqs, attn, action_mask, logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores)
 
@@ -356,6 +398,7 @@ class PPOTrainer:
             "eos_rate": ended.float().mean().item(),
             "t_generate": t_generate, "t_score": time.time() - t_scored,
         }
+        stats.update(mismatch)
         if cfg.algo == "ppo":
             stats["explained_var"] = explained_variance(values, returns, action_mask)
         elif for_update and cfg.algo != "reinforce++":  # ties of the scores, before the KL: the reward teaches them nothing
@@ -387,6 +430,8 @@ class PPOTrainer:
         cfg = self.cfg
         t0 = time.time()
         totals, n = {}, 0
+        if len(self.buffer) == 0:  # dynamic sampling kept nothing: no update this iteration
+            return {"minibatch_steps": 0, "skipped_updates": self.skipped_updates, "t_learn": 0.0}
         use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
         entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
         stopped = False
@@ -479,25 +524,47 @@ class PPOTrainer:
         return self.actor_opt.skipped + (self.critic_opt.skipped if self.critic_opt else 0)
 
     # ------------------------------------------------------------------ one iteration
-    def step(self, prompt_batches, sample_gen=None, shuffle_gen=None) -> tuple[list[Experience], dict]:
+    def step(self, prompt_batches, sample_gen=None, shuffle_gen=None,
+             refill=None) -> tuple[list[Experience], dict]:
         """Rollouts for each (prompt_ids, prompt_mask) batch (or list of episode seeds, with an
-        environment), one update, KL coefficient update.
-        `sample_gen` draws tokens (model's device), `shuffle_gen` orders minibatches (CPU)."""
-        experiences, roll = [], []
-        for batch in prompt_batches:  # (ids, mask), (ids, mask, fields), or seeds of episodes
+        environment), one update, KL coefficient update. Returns every rollout sampled and the
+        iteration's figures. `sample_gen` draws tokens (model's device), `shuffle_gen` orders
+        minibatches (CPU). With `cfg.dynamic_sampling`, groups with no signal are left out of
+        the update and `refill()` (another batch like those of `prompt_batches`) is called for
+        up to that many more rollouts while the update has fewer rows than they had."""
+        cfg = self.cfg
+        dynamic = getattr(cfg, "dynamic_sampling", 0)
+        wanted = sum(len(b if self.episodes is not None else b[0]) for b in prompt_batches)
+        pending, experiences, roll, kept, groups, dropped = list(prompt_batches), [], [], 0, 0, 0
+        while pending:
+            batch = pending.pop(0)  # (ids, mask), (ids, mask, fields), or seeds of episodes
             if self.episodes is not None:
                 exp, stats, _ = self.play(batch, sample_gen)
             else:
                 ids, mask, *fields = batch
                 exp, stats = self.make_experience(ids, mask, sample_gen,
                                                   fields=fields[0] if fields else None)
-            self.buffer.add(exp)
             experiences.append(exp)
             roll.append(stats)
+            if dynamic:  # DAPO: only the groups that carry a signal, up to the rows wanted
+                rows = informative_groups(exp.scores, cfg.group_size)[:wanted - kept]
+                groups += len(exp.scores) // cfg.group_size
+                dropped += (len(exp.scores) - len(rows)) // cfg.group_size
+                exp = exp.select(rows)
+                if not pending and kept + len(rows) < wanted and len(roll) < len(prompt_batches) + dynamic:
+                    pending.append(refill())
+            if len(exp.scores):
+                self.buffer.add(exp)
+                kept += len(exp.scores)
         stats = {k: sum(s[k] for s in roll) / len(roll) for k in roll[0]}
-        stats["t_generate"] = sum(s["t_generate"] for s in roll)
-        stats["t_score"] = sum(s["t_score"] for s in roll)
+        for k in ("t_generate", "t_score", "gen_tokens"):  # costs: summed over the rollouts
+            stats[k] = sum(s[k] for s in roll)
+        if dynamic:
+            stats.update(rollouts=len(roll), kept_rows=kept, dropped_groups=dropped / groups)
+        # the weights that sampled this iteration's learner: the next iteration's sampler
+        before = [p.detach().clone() for p in trainable(self.actor)] if self.sampler_lag else None
         stats.update(self.learn(shuffle_gen))
+        self.stale = before
         stats = mean_over_ranks(stats)  # under torchrun: the whole batch's figures
         stats["gen_tokens"] *= world_size()  # a cost: the sum over the processes, not a mean
         self.kl_ctl.update(stats["kl"])

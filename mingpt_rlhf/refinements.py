@@ -28,6 +28,24 @@ Each is an option of train_ppo.py, off by default; each changes one thing:
    group, which needs no group of samples per prompt (`reinforce_pp_advantages`,
    `--algo reinforce++`). PPO's clip is kept.
 
+5. **Dynamic sampling** (DAPO): a group whose responses all got the same score (all right,
+   or all wrong) has advantages of 0: it teaches nothing from the reward, yet it fills the
+   batch and dilutes the update. DAPO drops such groups and samples more prompts until the
+   batch is full of groups that carry a signal (`informative_groups`,
+   `--dynamic_sampling N`: at most N more rollout batches per update, so a task the policy
+   has solved cannot make an iteration sample forever; what is kept beyond the batch size
+   is dropped, what is short is not made up).
+
+6. **Truncated importance sampling** (Yao et al. 2025): the tokens were sampled by one
+   computation of the policy (the KV-cached sampler) and PPO's ratio is taken against
+   another (the full forward pass that scores the batch). In float32 the two agree to
+   rounding and the sampler's numbers are reused; under bfloat16 they differ, and the update
+   is slightly off-policy without knowing it. TIS weighs each token's loss by
+   min(pi_learner / pi_sampler, C), the importance weight from the distribution that really
+   sampled it, truncated at C so that one token cannot dominate (`truncated_is_weights`,
+   `--tis_cap C`). The weight is a constant >= 0, so weighing the clipped surrogate by it is
+   the same as multiplying the token's advantage by it, which is how the trainer applies it.
+
 Every function here is checked against a hand computation in tests/test_refinements.py.
 """
 from __future__ import annotations
@@ -76,3 +94,30 @@ def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor,
     That is GAE with no critic (values 0), gamma 1 and lambda 1."""
     returns, _ = gae(rewards, torch.zeros_like(rewards), action_mask, gamma=1.0, lam=1.0)
     return masked_whiten(returns, action_mask, all_ranks=all_ranks)
+
+
+def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Row indices of the groups (rows g*k .. g*k + k - 1) whose scores are not all equal:
+    DAPO's dynamic sampling keeps these and drops the rest."""
+    g = scores.view(-1, group_size)
+    keep = g.max(-1).values != g.min(-1).values                                 # (G,)
+    rows = torch.arange(len(scores), device=scores.device).view(-1, group_size)
+    return rows[keep].flatten()
+
+
+def truncated_is_weights(learner_logprobs, sampler_logprobs, action_mask, cap: float):
+    """((B, N) weights, figures) of truncated importance sampling.
+
+    r = exp(learner - sampler) per token, the probability the learner gives the sampled token
+    over the probability the sampler gave it; weight = min(r, cap) on real tokens (cap 0: no
+    truncation, r itself), 1 elsewhere. figures, over real tokens: mismatch_kl, the k3
+    estimate (r - 1) - log r of KL(sampler || learner), per token; mismatch_abs, the mean
+    |log r|; tis_capped, the share of tokens whose weight the cap cut."""
+    log_r = (learner_logprobs - sampler_logprobs) * action_mask
+    r = torch.exp(log_r)
+    weights = torch.where(action_mask.bool(), r.clamp(max=cap) if cap > 0 else r, 1.0)
+    figures = {"mismatch_kl": masked_mean((r - 1) - log_r, action_mask).item(),
+               "mismatch_abs": masked_mean(log_r.abs(), action_mask).item(),
+               "tis_capped": masked_mean((r > cap).float() if cap > 0 else torch.zeros_like(r),
+                                         action_mask).item()}
+    return weights, figures

@@ -281,3 +281,32 @@ def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error:"), err
     for word in words:
         assert word in err, err
+
+
+@pytest.mark.parametrize("argv,words", [
+    ([], ["runs"]),
+    ([W("empty_dir")], ["metrics"]),
+    ([W("sft")], ["RL runs"]),
+    ([W("sft"), "--colour", "red"], ["--colour"]),
+])
+def test_report_mistakes_exit_2_with_one_line(world, capsys, argv, words):
+    from mingpt_rlhf import report
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error:"), err
+    for word in words:
+        assert word in err, err
+
+
+def test_rollouts_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
+    from mingpt_rlhf import rollouts
+    from mingpt_rlhf.errors import UserError
+    from test_report import TOKENIZER
+    from test_wiring import build_trainer, ppo_config, random_prompts
+    trainer = build_trainer(ppo_config(algo="ppo"))
+    exp, _ = trainer.make_experience(*random_prompts(2), for_update=False)
+    recorder = rollouts.RolloutRecorder(str(tmp_path), 2, TOKENIZER)
+    monkeypatch.setattr(rollouts, "open", failing(errno.ENOSPC), raising=False)
+    with pytest.raises(UserError, match="rollouts.jsonl"):
+        recorder.record(trainer, 0, exp)

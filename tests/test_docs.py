@@ -74,8 +74,8 @@ def check_command(args: list[str], page: str):
     where = f"{os.path.relpath(page, ROOT)}: python {' '.join(args)}"
     if args[:2] == ["-m", "pytest"]:
         return
-    if args[:2] == ["-m", "mingpt_rlhf.plot"]:
-        importlib.import_module("mingpt_rlhf.plot").build_parser().parse_args(args[2:])
+    if args[:2] in (["-m", "mingpt_rlhf.plot"], ["-m", "mingpt_rlhf.report"]):
+        importlib.import_module(args[1]).build_parser().parse_args(args[2:])
         return
     script = args[0]
     assert os.path.isfile(os.path.join(ROOT, script)), f"{where}: no {script}"

@@ -362,7 +362,8 @@ def test_groups_share_a_seed_and_seeds_come_from_the_run_seed(guess_sft, tmp_pat
         return real(self, seeds, *args, **kwargs)
     monkeypatch.setattr(ppo_trainer.PPOTrainer, "play", spy)
     for i, seed in enumerate([1, 1, 2]):
-        train_ppo.main(env_cfg(tmp_path / str(i), guess_sft, algo="grpo", seed=seed, max_iters=2))
+        train_ppo.main(env_cfg(tmp_path / str(i), guess_sft, algo="grpo", seed=seed, max_iters=2,
+                               record_rollouts=0))  # the recorded groups would be played too
     runs = [seen[i * 4:(i + 1) * 4] for i in range(3)]  # eval, 2 iterations, eval
     for run in runs:
         assert run[0] == (list(range(8)), False) and run[-1] == (list(range(8)), False)
@@ -483,14 +484,15 @@ def test_an_environment_that_cannot_be_found_is_named(guess_sft, tmp_path, capsy
 
 def test_an_environment_that_fails_mid_run_leaves_the_last_checkpoint(guess_sft, tmp_path, capsys):
     """Its 49th episode raises: iteration 3, after the checkpoint of iteration 2 (evals of 8
-    episodes at 0 and 2, 16 episodes per iteration)."""
+    episodes at 0 and 2, 16 episodes per iteration; no recorded groups, which are played too)."""
     (tmp_path / "late.py").write_text(
         "from mingpt_rlhf.env_guess import GuessNumber\n"
         "class Late(GuessNumber):\n    made = 0\n"
         "    def reset(self, seed):\n        Late.made += 1\n"
         "        if Late.made == 49:\n            raise RuntimeError('out of numbers')\n"
         "        return super().reset(seed)\n")
-    cfg = env_cfg(tmp_path / "run", guess_sft, env=f"{tmp_path / 'late.py'}:Late", algo="grpo")
+    cfg = env_cfg(tmp_path / "run", guess_sft, env=f"{tmp_path / 'late.py'}:Late", algo="grpo",
+                  record_rollouts=0)
     line = exits_2(capsys, "train_ppo", as_options(cfg))
     assert "reset raised RuntimeError: out of numbers" in line
     ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)

@@ -19,6 +19,9 @@ def write_run(folder, rows):
 def rl_rows(shift=0.0):
     train = [{"step": s, "rm_score": 0.1 * s + shift, "kl": 0.2 * s, "kl_coef": 0.05, "entropy": 3.0,
               "clipfrac": 0.1, "approx_kl": 0.01, "resp_len": 8, "eos_rate": 1.0} for s in range(1, 6)]
+    if shift:  # a grpo run with dynamic sampling and a lagging sampler: their panels too
+        for r in train:
+            r.update(zero_groups=0.25, dropped_groups=0.25, mismatch_kl=0.001)
     evals = [{"step": s, "split": "eval", "gold": 0.1 * s, "kl": 0.2 * s} for s in (0, 5)]
     return train + evals + [{"step": 5, "final": True, "gold": 0.5}]
 

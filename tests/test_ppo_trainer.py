@@ -45,6 +45,9 @@ class Cfg:
     kl_in: str = "reward"
     grpo_norm: str = "dr"
     reduction: str = "auto"
+    dynamic_sampling: int = 0
+    tis_cap: float = 0.0
+    sampler_lag: int = 0
 
 
 def count_target(sequences, attention_mask, action_mask):

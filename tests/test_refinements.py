@@ -9,7 +9,9 @@ import conftest
 import train_ppo
 from mingpt_rlhf import ppo_trainer
 from mingpt_rlhf.ppo import policy_loss
-from mingpt_rlhf.refinements import overlong_penalty, reinforce_pp_advantages, sequence_policy_loss
+from mingpt_rlhf.ppo import align_and_cat
+from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
+                                     sequence_policy_loss, truncated_is_weights)
 from test_scripts import ppo_cfg, read_metrics
 
 
@@ -65,17 +67,148 @@ def test_reinforce_pp_returns_are_whitened_over_the_whole_batch():
     torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-4, rtol=0)
 
 
+def test_informative_groups_are_those_whose_scores_differ():
+    scores = torch.tensor([1.0, 1, 0, 1, 2, 2, 2, 2, 0, 0, 0, 1, -1, -1, -1, -1])
+    assert informative_groups(scores, 4).tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert informative_groups(torch.zeros(6), 2).tolist() == []
+
+
+def test_truncated_is_weights_by_hand():
+    """Token 1: learner 0.5, sampler 0.25, r = 2, capped to 1.5. Token 2: 0.2 and 0.4, r = 0.5
+    (a weight below 1 is never raised). Token 3 is padding: weight 1, left out of the figures.
+    mismatch_kl = mean of (2 - 1 - ln 2) and (0.5 - 1 - ln 0.5) = 0.25; mismatch_abs = ln 2."""
+    learner = torch.tensor([[math.log(0.5), math.log(0.2), 3.0]])
+    sampler = torch.tensor([[math.log(0.25), math.log(0.4), -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    weights, figures = truncated_is_weights(learner, sampler, mask, 1.5)
+    assert weights[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
+    assert figures["mismatch_kl"] == pytest.approx(0.25)
+    assert figures["mismatch_abs"] == pytest.approx(math.log(2))
+    assert figures["tis_capped"] == pytest.approx(0.5)
+    assert truncated_is_weights(learner, sampler, mask, 0)[0][0].tolist() == pytest.approx([2, 0.5, 1])
+
+
+# ----------------------------------------------------------------------------- in the trainer
+from test_ppo_trainer import Cfg, make_trainer  # noqa: E402
+from test_critic_free import grouped_prompts  # noqa: E402
+
+
+def scripted_trainer(scores_per_call, dynamic):
+    """A GRPO trainer (groups of 4) whose reward returns the given scores, one list per call;
+    no EOS, so no response gets the missing-EOS penalty instead of its score. Records the
+    rows each update learns from in `trainer.learned`."""
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, kl_in="loss", dynamic_sampling=dynamic),
+                      critic_free=True)
+    tr.eos_id = None
+    calls = iter(scores_per_call)
+    tr.reward_fn = lambda seqs, *a, **k: torch.tensor(next(calls), dtype=torch.float)
+    tr.learned = []
+    real_learn = tr.learn
+
+    def learn(generator=None):
+        tr.learned.append(align_and_cat(tr.buffer.batches, 0).scores.tolist()
+                          if len(tr.buffer) else [])
+        return real_learn(generator)
+    tr.learn = learn
+    return tr
+
+
+TIE, SIGNAL = [0.0] * 4, [1.0, 0.0, 0.0, 0.0]
+
+
+def test_dynamic_sampling_drops_groups_without_signal_and_refills():
+    """Batch 1: one group of four has a signal; the refill gives three more, and the update
+    learns from exactly those four groups (16 rows, as many as it asked for)."""
+    tr = scripted_trainer([TIE + SIGNAL + TIE + TIE, [0, 0, 0, 2.0] + TIE + SIGNAL + SIGNAL], 2)
+    refills = []
+    exps, stats = tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0),
+                          refill=lambda: refills.append(1) or grouped_prompts(4, 4, seed=2))
+    assert len(refills) == 1 and len(exps) == 2          # every rollout is returned
+    assert tr.learned == [SIGNAL + [0, 0, 0, 2.0] + SIGNAL + SIGNAL]
+    assert stats["rollouts"] == 2 and stats["kept_rows"] == 16
+    assert stats["dropped_groups"] == 4 / 8
+    assert stats["gen_tokens"] == sum(e.action_mask.sum().item() for e in exps)  # both paid for
+
+
+def test_dynamic_sampling_stops_refilling_at_its_limit_and_may_skip_an_update():
+    tr = scripted_trainer([TIE + SIGNAL + TIE + TIE, TIE * 4], 1)
+    _, stats = tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0),
+                       refill=lambda: grouped_prompts(4, 4, seed=2))
+    assert tr.learned == [SIGNAL] and stats["rollouts"] == 2 and stats["minibatch_steps"] > 0
+    tr = scripted_trainer([TIE * 4], 0)  # off: every group is learned from, ties included
+    tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0))
+    assert tr.learned == [TIE * 4]
+    tr = scripted_trainer([TIE * 4, TIE * 4], 1)  # nothing kept: no update, and no error
+    _, stats = tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0),
+                       refill=lambda: grouped_prompts(4, 4, seed=2))
+    assert tr.learned == [[]] and stats["minibatch_steps"] == 0 and len(tr.buffer) == 0
+
+
+def test_a_lagging_sampler_samples_with_the_weights_of_one_update_ago():
+    import copy
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, sampler_lag=1), critic_free=True)
+    first = [p.detach().clone() for p in ppo_trainer.trainable(tr.actor)]
+    tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(tr.stale, first))  # the weights before the update
+    behind = copy.deepcopy(tr.actor)
+    with torch.no_grad():
+        for p, old in zip(ppo_trainer.trainable(behind), tr.stale):
+            p.copy_(old)
+    exp, _ = tr.make_experience(*grouped_prompts(4, 4, seed=3), torch.Generator().manual_seed(5))
+    tr_behind = make_trainer(Cfg(algo="grpo", group_size=4), critic_free=True)
+    tr_behind.actor = behind
+    ref = tr_behind.sample(*grouped_prompts(4, 4, seed=3), torch.Generator().manual_seed(5))
+    assert torch.equal(exp.sequences, ref.sequences)
+    # the actor is back to its own weights afterwards, and an eval samples with them
+    assert not all(torch.equal(p, old) for p, old in zip(ppo_trainer.trainable(tr.actor), tr.stale))
+
+
+def test_truncated_importance_sampling_weighs_each_token_by_learner_over_sampler():
+    """With the sampler one update behind, its log-probs differ from the learner's. With
+    --tis_cap each token's advantage is multiplied by min(exp(learner - sampler), cap); the
+    same rollout without it is not. Two trainers, same seed: same weights (to rounding), same
+    samples."""
+    batch = grouped_prompts(4, 4)
+    outs, sampled = {}, None
+    for cap in (0.0, 1.05):
+        tr = make_trainer(Cfg(algo="grpo", group_size=4, sampler_lag=1, tis_cap=cap),
+                          critic_free=True)
+        tr.step([grouped_prompts(4, 4, seed=2)], torch.Generator().manual_seed(0))
+        outs[cap] = tr.make_experience(*batch, torch.Generator().manual_seed(1))
+        with tr.sampling(True):
+            sampled = tr.sample(*batch, torch.Generator().manual_seed(1), score=True)
+    (plain, plain_stats), (tis, stats) = outs[0.0], outs[1.05]
+    # (the first update's weights were 1 to float rounding: the sampler was the learner then)
+    assert torch.equal(plain.sequences, tis.sequences)
+    torch.testing.assert_close(plain.logprobs, tis.logprobs)
+    mask = tis.action_mask
+    ratio = torch.exp((tis.logprobs - sampled.logprobs.float() * mask) * mask)
+    assert stats["mismatch_kl"] > 0 and stats["tis_capped"] > 0      # the mismatch is real
+    assert plain_stats["mismatch_kl"] == pytest.approx(stats["mismatch_kl"], rel=1e-3)  # TIS or not
+    expected = plain.advantages * torch.where(mask.bool(), ratio.clamp(max=1.05), 1.0)
+    torch.testing.assert_close(tis.advantages, expected)
+    assert not torch.equal(tis.advantages, plain.advantages)
+
+
 @pytest.mark.parametrize("extra,seen", [
     (dict(algo="grpo", group_size=4, clip_range_high=0.28), "clip_high=0.28"),
     (dict(algo="grpo", group_size=4, ratio="sequence", clip_range=4e-4), "sequence"),
     (dict(algo="reinforce++"), "reinforce++"),
     (dict(algo="grpo", group_size=4, overlong_buffer=8), "overlong"),
+    (dict(algo="grpo", group_size=4, dynamic_sampling=2), "informative"),
+    (dict(algo="grpo", group_size=4, tis_cap=2.0, dtype="bfloat16"), "tis"),
+    (dict(algo="ppo", tis_cap=2.0, sampler_lag=1), "tis"),
 ])
 def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra, seen):
     root = stages[0]
     calls = []
     real_token, real_seq = ppo_trainer.policy_loss, ppo_trainer.sequence_policy_loss
     real_adv, real_over = ppo_trainer.reinforce_pp_advantages, ppo_trainer.overlong_penalty
+    real_info, real_tis = ppo_trainer.informative_groups, ppo_trainer.truncated_is_weights
+    monkeypatch.setattr(ppo_trainer, "informative_groups", lambda *a, **k: (
+        calls.append("informative"), real_info(*a, **k))[1])
+    monkeypatch.setattr(ppo_trainer, "truncated_is_weights", lambda *a, **k: (
+        calls.append("tis"), real_tis(*a, **k))[1])
     monkeypatch.setattr(ppo_trainer, "policy_loss", lambda *a, **k: (
         calls.append(f"clip_high={k.get('clip_high')}"), real_token(*a, **k))[1])
     monkeypatch.setattr(ppo_trainer, "sequence_policy_loss", lambda *a, **k: (
@@ -97,6 +230,12 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     (["--overlong_buffer", "32"], "must be smaller than --max_new_tokens 32"),
     (["--clip_range_high", "-1"], "must be >= 0"),
     (["--overlong_buffer", "4", "--env", "guess"], "--overlong_buffer shapes single responses"),
+    (["--dynamic_sampling", "2"], "--algo grpo or rloo, not ppo"),
+    (["--dynamic_sampling", "-1"], "must be >= 0"),
+    (["--tis_cap", "2", "--dtype", "float32"], "in float32 the sampler's are the learner's"),
+    (["--sampler_lag", "2"], "--sampler_lag must be 0 or 1"),
+    (["--tis_cap", "2", "--env", "guess", "--mask_env", "false"], "environment's tokens have none"),
+    (["--sampler_lag", "1", "--env", "guess", "--mask_env", "false"], "need the sampler's"),
 ])
 def test_impossible_refinement_options_exit_2(tmp_path, capsys, argv, words):
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), *argv])

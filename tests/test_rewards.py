@@ -125,8 +125,9 @@ def write_function(tmp_path, body):
     ("    return [0.0] * (len(responses) - 1)\n", ["scores for"]),
     ("    return 'good'\n", ["returned a str"]),
     ("    return [float('nan')] * len(responses)\n", ["nan", "finite"]),
-    # fails on the 4th call only (the step-0 eval, iteration 1, its eval, then iteration 2),
-    # after the first checkpoint, which must stay intact; the error names the iteration
+    # fails on the 4th call only (the step-0 eval, iteration 1, its eval, then iteration 2;
+    # no recorded rollouts, whose groups would call it too), after the first checkpoint, which
+    # must stay intact; the error names the iteration
     ("    if CALLS[0] == 4:\n        raise ValueError('late')\n    return [0.0] * len(responses)\n",
      ["raised ValueError", "late", "rollout batch 1 of iteration 2", "checkpoint is intact"]),
 ])
@@ -138,7 +139,8 @@ def test_a_failing_function_exits_2_with_one_line_and_the_checkpoint_intact(
     line = exits_2(capsys, "train_ppo", [
         "--sft_dir", str(root / "sft"), "--out_dir", str(out), "--reward", spec, "--algo", "grpo",
         "--group_size", "4", "--rollout_batch_size", "8", "--minibatch_size", "4",
-        "--max_iters", "4", "--eval_interval", "1", "--eval_prompts", "4", "--max_new_tokens", "8"])
+        "--max_iters", "4", "--eval_interval", "1", "--eval_prompts", "4", "--max_new_tokens", "8",
+        "--record_rollouts", "0"])
     assert all(w in line for w in words), line
     if "late" in body:  # the checkpoint of step 1 was written before iteration 2 failed
         ckpt = torch.load(out / "ckpt.pt", weights_only=False)

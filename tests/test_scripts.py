@@ -422,7 +422,9 @@ def critic_free_runs(stages, tmp_path_factory):
 
 
 @pytest.mark.parametrize("algo,extra", [("grpo", {}), ("grpo", {"grpo_norm": "grpo", "kl_in": "loss"}),
-                                        ("rloo", {})])
+                                        ("rloo", {}),
+                                        ("grpo", {"dynamic_sampling": 2, "sampler_lag": 1,
+                                                  "tis_cap": 2.0})])
 def test_critic_free_runs_and_resumes_exactly(stages, critic_free_runs, tmp_path, algo, extra):
     root, _, _ = stages
     kw = dict(algo=algo, group_size=4, **extra)
@@ -434,10 +436,15 @@ def test_critic_free_runs_and_resumes_exactly(stages, critic_free_runs, tmp_path
     assert a["stage"] == b["stage"] == algo and a["critic"] is None and a["value_head"] is None
     assert_same_weights(a["actor"], b["actor"])
     train = [e for e in read_metrics(straight) if "zero_groups" in e]
-    # 16 responses in groups of 4: zero_groups counts whole groups of 4, gen_tokens every token
-    assert train and all((e["zero_groups"] * 4).is_integer() for e in train)
-    assert all(abs(e["gen_tokens"] - 16 * e["resp_len"]) < 1e-3 for e in train)
+    # 16 responses in groups of 4 (a mean over the rollouts of an update): zero_groups counts
+    # whole groups of 4, gen_tokens every token
+    assert train and all((e["zero_groups"] * 4 * e.get("rollouts", 1)).is_integer() for e in train)
+    # every rollout's tokens (dynamic sampling's refills too)
+    assert all(abs(e["gen_tokens"] - 16 * e.get("rollouts", 1) * e["resp_len"]) < 1e-2 for e in train)
     assert ("kl_loss" in train[0]) == (extra.get("kl_in") == "loss")
+    if "sampler_lag" in extra:  # the first rollout is the learner's own; later ones lag it
+        assert train[0]["mismatch_kl"] < 1e-6 < train[-1]["mismatch_kl"]
+        assert b["sampler_behind"] is not None
 
 
 def test_critic_free_groups_are_one_prompt_repeated(critic_free_runs):

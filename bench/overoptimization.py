@@ -1,0 +1,286 @@
+"""Reward-model overoptimization (Gao, Schulman, Hilton 2023) on the built-in reviews task: the
+gold reward against d = sqrt(KL to the SFT policy) while a policy is optimised against proxy
+reward models of several sizes and training-set sizes, for best-of-n and for RL.
+
+    python bench/overoptimization.py                    # seed 0, everything (~75 min on 2
+                                                        # CPU cores; --seeds 0 1 2 for three)
+    python bench/overoptimization.py --parts bon        # best-of-n only (the RMs and sampling)
+    python bench/overoptimization.py --draw_only        # the fits and the picture, from the JSON
+
+The setup, mapped onto the paper's: the task's exact gold reward plays the paper's "gold"
+reward model (standing in for people); the task's noisy labeller, which prefers the response
+of higher gold with a logistic probability, labels the pairs; proxy reward models are
+train_rm.py's, started from SFT models of the sizes in SIZES (each trained by train_sft.py on
+the same demonstrations; size "m" is the default pipeline's SFT, which is also the policy), on
+the numbers of pairs in PAIRS. Nothing of the default pipeline changes: sizes and pair counts
+are the scripts' options.
+
+For each seed, in --work/seed{seed} (the SFT policy is the one bench/details.py trains):
+- best-of-n: the SFT policy samples N_MAX = 256 responses to each of the 200 held-out prompts,
+  once; every proxy scores them (normalised, the missing-EOS penalty as in PPO) and so does the
+  gold. For n = 1, 2, 4, ... 256 the expected gold and proxy of the response a proxy picks
+  among n are computed exactly from the 256 (the chance that the i-th lowest of N is the
+  highest of a random n of them is C(i-1, n-1) / C(N, n)), and d = sqrt(log n - (n - 1) / n);
+- RL: PPO (a value head on the actor, `--critic shared`, so that the critic does not change
+  size with the proxy) and GRPO, 200 iterations each against each size's proxy trained on the
+  most pairs, with a fixed KL coefficient of 0 and of each value in KL_COEFS; every eval (each
+  20 iterations, 200 held-out prompts) gives a point: the gold, the proxy (rm_score) and d =
+  sqrt of the measured KL;
+- the gold is counted from the SFT policy's (gold(0) = 0), and the two forms are fitted to
+  each curve by mingpt_rlhf/overoptimization.py.
+
+Every piece is written to bench/results/overoptimization.json as it ends and is not redone
+(--rerun to redo): a killed bench continues. Writes overoptimization.png.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import details  # noqa: E402
+import results_file  # noqa: E402
+import torch  # noqa: E402
+
+import train_ppo  # noqa: E402
+import train_rm  # noqa: E402
+import train_sft  # noqa: E402
+from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_weights  # noqa: E402
+from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
+from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
+from mingpt_rlhf.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.overoptimization import fit  # noqa: E402
+from mingpt_rlhf.tasks import get_task  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results", "overoptimization.json")
+SIZES = {  # proxy size: train_sft.py model options ("m" is the default, and the policy)
+    "xs": dict(n_layer=1, n_head=2, n_embd=32),
+    "s": dict(n_layer=2, n_head=2, n_embd=64),
+    "m": {},
+    "l": dict(n_layer=6, n_head=6, n_embd=192),
+}
+PAIRS = (1500, 6000, 24000)   # train_rm.py --n_pairs; 24000 is the default
+N_MAX = 256                   # best-of-n samples per prompt
+KL_COEFS = (0.02, 0.1)        # fixed KL coefficients of the RL runs, besides 0
+RL_METHODS = {"ppo": dict(algo="ppo", critic="shared"), "grpo": dict(algo="grpo")}
+
+
+def rm_dir(root: str, size: str, pairs: int) -> str:
+    return os.path.join(root, "overopt", f"rm_{size}_{pairs}")
+
+
+def proxies(seed: int, root: str) -> None:
+    """The SFT model of each size (the default one from bench/details.py's stages) and a proxy
+    RM of each size on each number of pairs, each trained only if missing."""
+    details.stages(seed, root, ["baseline"])
+    for size, model in SIZES.items():
+        sft = os.path.join(root, "sft") if not model else os.path.join(root, "overopt", f"sft_{size}")
+        if not os.path.exists(os.path.join(sft, "ckpt.pt")):
+            train_sft.main(train_sft.Config(out_dir=sft, seed=seed, **model))
+        for pairs in PAIRS:
+            out = rm_dir(root, size, pairs)
+            if not os.path.exists(os.path.join(out, "ckpt.pt")):
+                train_rm.main(train_rm.Config(out_dir=out, sft_dir=sft, seed=seed, n_pairs=pairs))
+
+
+def params_of(path: str) -> int:
+    """Parameters of the model saved in a checkpoint."""
+    ckpt = torch.load(os.path.join(path, "ckpt.pt"), map_location="cpu", weights_only=False,
+                      mmap=True)
+    return sum(v.numel() for v in ckpt["model"].values())
+
+
+@torch.no_grad()
+def best_of_n(seed: int, root: str, result: dict) -> None:
+    """Sample N_MAX responses per held-out prompt from the SFT policy, score them with the gold
+    and every proxy, and store per proxy the best-of-n curve (n = 1, 2, 4, ... N_MAX)."""
+    todo = [(s, p) for s in SIZES for p in PAIRS if f"bon/{s}/{p}/{seed}" not in result["runs"]]
+    if not todo:
+        return
+    policy, tokenizer, _ = load_policy(os.path.join(root, "sft"))
+    task = get_task("reviews", seed=seed)
+    prompts = task.prompts("eval")
+    start = time.time()
+    gen = torch.Generator().manual_seed(seed)
+    texts, seqs = [], []
+    for i, prompt in enumerate(prompts):
+        for out in generate_batches(policy, tokenizer, [prompt] * N_MAX, 32, N_MAX, generator=gen):
+            texts.append(response_texts(tokenizer, out))
+            ended = ((out.sequences == tokenizer.eos_id) & out.action_mask.bool()).any(-1)
+            seqs.append((out.sequences, out.attention_mask, ended))
+    gold = torch.tensor([[task.gold_reward(p, r) for r in rs] for p, rs in zip(prompts, texts)],
+                        dtype=torch.float64)                                    # (P, N)
+    seconds = time.time() - start
+    for size, pairs in todo:
+        rm = load_reward_model(rm_dir(root, size, pairs), tokenizer)
+        proxy = torch.stack([torch.where(ended, rm(s, m).double(), -1.0) for s, m, ended in seqs])
+        order = proxy.argsort(-1)                                   # ascending, per prompt
+        g_sorted, p_sorted = gold.gather(1, order), proxy.gather(1, order)
+        curve = []
+        n = 1
+        while n <= N_MAX:
+            w = best_of_n_weights(N_MAX, n)
+            curve.append({"n": n, "d": math.sqrt(best_of_n_kl(n)),
+                          "gold": (g_sorted @ w).mean().item() - gold.mean().item(),
+                          "proxy": (p_sorted @ w).mean().item() - proxy.mean().item()})
+            n *= 2
+        result["runs"][f"bon/{size}/{pairs}/{seed}"] = {
+            "curve": curve, "params": params_of(rm_dir(root, size, pairs)),
+            "sft_gold": gold.mean().item(), "sampling_seconds": round(seconds, 1),
+            "rm_eval_acc": read_metrics(os.path.join(rm_dir(root, size, pairs), "metrics.jsonl"))[-1].get("eval_acc")}
+        results_file.save(RESULTS, result)
+
+
+def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
+    """RL against each size's proxy (most pairs), KL coefficient 0 and KL_COEFS, fixed."""
+    for size in SIZES:
+        for method in methods:
+            for coef in (0.0, *KL_COEFS):
+                key = f"rl/{size}/{method}_kl{coef:g}/{seed}"
+                if key in result["runs"]:
+                    continue
+                out = os.path.join(root, "overopt", f"{method}_{size}_kl{coef:g}")
+                start = time.time()
+                train_ppo.main(train_ppo.Config(
+                    out_dir=out, sft_dir=os.path.join(root, "sft"),
+                    rm_dir=rm_dir(root, size, max(PAIRS)), seed=seed, kl_coef=coef,
+                    adaptive_kl=False, **RL_METHODS[method]))
+                evals = [r for r in read_metrics(os.path.join(out, "metrics.jsonl"))
+                         if r.get("split") == "eval" and "gold" in r]
+                gold0, proxy0 = evals[0]["gold"], evals[0]["rm_score"]
+                result["runs"][key] = {
+                    "curve": [{"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)),
+                               "kl": r["kl"], "gold": r["gold"] - gold0,
+                               "proxy": r["rm_score"] - proxy0} for r in evals],
+                    "params": params_of(rm_dir(root, size, max(PAIRS))),
+                    "seconds": round(time.time() - start, 1)}
+                results_file.save(RESULTS, result)
+
+
+def fits(result: dict) -> None:
+    """Per curve (mean over the seeds run, point by point), both forms fitted to gold(d)."""
+    curves = {}
+    for key, run in result["runs"].items():
+        curves.setdefault(key.rsplit("/", 1)[0], []).append(run["curve"])
+    result["fits"] = {}
+    for name, runs in curves.items():
+        n = min(len(c) for c in runs)
+        d = [sum(c[i]["d"] for c in runs) / len(runs) for i in range(n)]
+        gold = [sum(c[i]["gold"] for c in runs) / len(runs) for i in range(n)]
+        entry = {"seeds": len(runs), "d": d, "gold": gold}
+        for form in ("bon", "rl"):
+            try:
+                entry[form] = fit(form, d, gold)
+            except ValueError as e:
+                entry[form] = {"error": str(e)}
+        result["fits"][name] = entry
+
+
+def draw(result: dict, png: str) -> None:
+    """Gold and proxy against d for best-of-n (each size, most pairs), for PPO and GRPO without
+    KL penalty (each size); best-of-n's gold for each number of pairs (size m); the KL
+    coefficients' gold(d) for PPO and GRPO (size m); alpha and beta against proxy size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    F = result.get("fits", {})
+    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
+    sizes = list(SIZES)
+
+    def line(ax, name, label, key="gold", **style):
+        runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
+        if not runs:
+            return
+        n = min(len(r["curve"]) for r in runs)
+        d = [sum(r["curve"][i]["d"] for r in runs) / len(runs) for i in range(n)]
+        y = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(n)]
+        ax.plot(d, y, marker="o", ms=3, label=label, **style)
+    big = max(PAIRS)
+    panels = [("best-of-n: gold", "bon/{s}/%d" % big, "gold"), ("best-of-n: proxy", "bon/{s}/%d" % big, "proxy"),
+              ("PPO, no KL penalty: gold", "rl/{s}/ppo_kl0", "gold"), ("GRPO, no KL penalty: gold", "rl/{s}/grpo_kl0", "gold")]
+    for ax, (title, pattern, key) in zip(axes[0], panels):
+        for i, s in enumerate(sizes):
+            line(ax, pattern.format(s=s), f"proxy {s}", key, color=f"C{i}")
+        ax.set_title(title, fontsize=10)
+    for pairs_i, pairs in enumerate(PAIRS):
+        line(axes[1, 0], f"bon/m/{pairs}", f"{pairs} pairs", color=f"C{pairs_i}")
+    axes[1, 0].set_title("best-of-n, proxy m: gold by training pairs", fontsize=10)
+    for ax, method in zip(axes[1, 1:3], ("ppo", "grpo")):
+        for i, coef in enumerate((0.0, *KL_COEFS)):
+            line(ax, f"rl/m/{method}_kl{coef:g}", f"KL coef {coef:g}", color=f"C{i}")
+        line(ax, f"bon/m/{big}", "best-of-n", color="k", ls="--")
+        ax.set_title(f"{method.upper()} against proxy m: gold by KL coefficient", fontsize=10)
+    ax = axes[1, 3]
+    for name, form, style in ((f"bon/{{s}}/{big}", "bon", "o-"), ("rl/{s}/ppo_kl0", "rl", "s-"),
+                              ("rl/{s}/grpo_kl0", "rl", "^-")):
+        xs, alphas, betas = [], [], []
+        for s in sizes:
+            f = F.get(name.format(s=s), {}).get(form, {})
+            runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name.format(s=s)]
+            if "alpha" in f and runs:
+                xs.append(runs[0]["params"])
+                alphas.append(f["alpha"])
+                betas.append(f["beta"])
+        label = name.split("/")[0] + ("" if form == "bon" else " " + name.split("/")[2])
+        ax.plot(xs, alphas, style, label=f"alpha, {label}")
+        ax.plot(xs, betas, style, label=f"beta, {label}", alpha=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("proxy parameters")
+    ax.set_title("fitted coefficients against proxy size", fontsize=10)
+    for ax in axes.flat:
+        if ax is not axes[1, 3]:
+            ax.set_xlabel("d = sqrt(KL to the SFT policy), nats^0.5")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--parts", nargs="+", default=["bon", "rl"], choices=["bon", "rl"])
+    ap.add_argument("--methods", nargs="+", default=list(RL_METHODS), choices=list(RL_METHODS))
+    ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_details"),
+                    help="where bench/details.py keeps each seed's SFT (the policy)")
+    ap.add_argument("--rerun", action="store_true", help="redo what the JSON already has")
+    ap.add_argument("--draw_only", action="store_true", help="only fit and draw")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    args = ap.parse_args()
+    os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = results_file.load(RESULTS)
+    if args.rerun:
+        result["runs"] = {k: v for k, v in result["runs"].items()
+                          if int(k.rsplit("/", 1)[1]) not in args.seeds}
+    if not args.draw_only:
+        for seed in args.seeds:
+            root = os.path.join(args.work, f"seed{seed}")
+            proxies(seed, root)
+            if "bon" in args.parts:
+                best_of_n(seed, root, result)
+            if "rl" in args.parts:
+                rl(seed, root, result, args.methods)
+    fits(result)
+    results_file.save(RESULTS, result)
+    try:
+        draw(result, os.path.join(ROOT, "bench", "results", "overoptimization.png"))
+    except ImportError:
+        print("matplotlib is not installed: no picture")
+    for name, f in result["fits"].items():
+        form = "bon" if name.startswith("bon") else "rl"
+        g = f[form]
+        if "alpha" in g:
+            print(f"{name:24s} seeds {f['seeds']}  alpha {g['alpha']:.3f} beta {g['beta']:.3f} "
+                  f"r2 {g['r2']:.3f} peak d {g['peak_d']:.2f}  max gold {max(f['gold']):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The run report: one HTML page that shows an RL run from its curves down to single tokens.
+
+    python -m mingpt_rlhf.report out/ppo                      # writes out/ppo/report.html
+    python -m mingpt_rlhf.report out/ppo out/grpo --out rl.html   # several runs overlaid
+
+The page is one self-contained file (its CSS, JavaScript and data inline, pictures drawn as
+SVG by the page itself): open it from disk in any browser, no server and no network. It shows
+
+1. each run's options (from its checkpoint) and the final comparison the script printed: the
+   held-out figures of the SFT policy (the eval at step 0) against the trained policy's;
+2. the curves of metrics.jsonl: reward and gold, KL and its coefficient, entropy, clipfrac and
+   approx-KL, response length, the seconds of each phase; values on hover, runs overlaid;
+3. the token view, from rollouts.jsonl (rollouts.py): every recorded response with each token
+   coloured by the quantity the reader picks (advantage, KL, value, entropy, reward), all its
+   numbers on hover; one prompt at the first, middle and last eval side by side; an
+   environment's tokens marked as such; and a legend saying what the colours mean and what a
+   healthy run looks like.
+
+The RL script (train_ppo.py) writes its run's report.html at the end, beside curves.png. A
+folder without a run, or a run of another stage, ends with exit status 2 and one line; a run
+without rollouts.jsonl (from before it was recorded, or --record_rollouts 0) gets a page
+with its curves that says what is missing. The data is embedded as JSON with every "<"
+escaped, so no text a policy wrote can close the script element; the page writes tokens into
+the document as text, never as HTML.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import sys
+
+from .cli import OneLineParser
+from .errors import UserError
+from .metrics import read_metrics
+from .plot import stage_of
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the figures of the final comparison, in the order train_ppo.py prints them
+COMPARED = ["gold", "success", "rm_score", "reward", "turns", "well_formed", "kl", "distinct2"]
+
+
+def comparison_lines(initial: dict, final: dict, algo: str, held: str = "prompts") -> list[str]:
+    """The RL script's closing lines: each held-out figure of the SFT policy (step 0) beside
+    the trained policy's. `held`: "prompts" or "episodes"."""
+    lines = [f"on held-out {held}, from the SFT policy (step 0) to the {algo.upper()} policy:"]
+    for k in COMPARED:
+        if k in final and k in initial:
+            lines.append(f"  {k:12s} {initial[k]:8.3f} -> {final[k]:8.3f}")
+    return lines
+
+
+def cut_short(path: str) -> bool:
+    """Whether the log at `path` ends in a half-written line (every whole line ends in a
+    newline; a run killed while appending leaves one without)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def run_options(folder: str) -> dict | None:
+    """The options the run was started with, from its checkpoint (None when it has none)."""
+    from .checkpoint import load_checkpoint
+    path = os.path.join(folder, "ckpt.pt")
+    if not os.path.isfile(path):
+        return None
+    try:  # mapped: the weights beside the options are never read
+        return load_checkpoint(path, mmap=True).get("config")
+    except UserError:
+        return None
+
+
+def read_report_run(folder: str) -> dict:
+    """Everything the page shows of the run in `folder`: its name, metrics rows, rollouts
+    (None when not recorded), options, final comparison, and a note for each missing part."""
+    path = os.path.join(folder, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise UserError(f"no metrics at {path}; pass the out_dir of a training run")
+    rows = read_metrics(path)  # a half-written last line (a killed run) is dropped
+    stage = stage_of(rows, path)
+    if stage != "rl":
+        raise UserError(f"{folder} is a run of stage {stage.upper()}; the report shows RL runs "
+                        f"(train_ppo.py): pass an RL run's out_dir")
+    evals = [r for r in rows if r.get("split") == "eval"]
+    missing = [f"the last line of {name} was half-written (the run was stopped while writing "
+               f"it) and is left out" for name in ("metrics.jsonl", "rollouts.jsonl")
+               if cut_short(os.path.join(folder, name))]
+    path = os.path.join(folder, "rollouts.jsonl")
+    rollouts = read_metrics(path, "rollouts file") if os.path.isfile(path) else None
+    if not rollouts:
+        missing.append(f"no recorded rollouts ({path} {'is empty' if rollouts == [] else 'is missing'}): "
+                       f"the run was made before rollouts were recorded, or with "
+                       f"--record_rollouts 0; the curves are all there is")
+        rollouts = None
+    options = run_options(folder)
+    if options is None:
+        missing.append(f"no readable checkpoint at {os.path.join(folder, 'ckpt.pt')}: the run's "
+                       f"options are unknown")
+    finals = [r for r in rows if r.get("final")]
+    comparison = []
+    if evals and evals[0]["step"] == 0 and finals:
+        algo = (options or {}).get("algo") or "RL"
+        held = "episodes" if "turns" in evals[0] else "prompts"
+        comparison = comparison_lines(evals[0], finals[-1], algo, held)
+    elif not finals:
+        missing.append("no final line in metrics.jsonl: the run has not finished (or was "
+                       "killed); the curves show where it got to")
+    return {"name": os.path.basename(os.path.normpath(folder)), "folder": os.path.abspath(folder),
+            "rows": rows, "rollouts": rollouts, "options": options, "comparison": comparison,
+            "missing": missing}
+
+
+def finite(x):
+    """A copy of `x` with every non-finite float replaced by None (JSON has no NaN)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+def embedded_json(data) -> str:
+    """`data` as JSON that is safe inside <script>: every <, > and & written as a \\u escape,
+    so that no string (a token "</script>", a prompt with "<!--") can end the element."""
+    text = json.dumps(finite(data), allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def page(runs: list[dict]) -> str:
+    """The HTML of the report of `runs` (`read_report_run`): the page's CSS and script
+    (report.css, report.js, beside this file) inline, the runs as embedded JSON."""
+    with open(os.path.join(HERE, "report.css"), encoding="utf-8") as f:
+        css = f.read()
+    with open(os.path.join(HERE, "report.js"), encoding="utf-8") as f:
+        script = f.read()
+    title = "run report: " + ", ".join(r["name"] for r in runs)
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>\n{css}</style>", "</head>", "<body>",
+        f"<h1>{html.escape(title)}</h1>",
+        '<noscript>This page draws itself with JavaScript: allow scripts for this file.</noscript>',
+        '<div id="errors"></div>', '<div id="report"></div>',
+        f'<script type="application/json" id="data">{embedded_json({"runs": runs})}</script>',
+        f"<script>\n{script}</script>", "</body>", "</html>", ""])
+
+
+def write_report(folders: list[str], out_path: str = "") -> str:
+    """Write the report of the runs in `folders` to `out_path` (default: report.html in the
+    first folder); returns the path."""
+    runs = [read_report_run(folder) for folder in folders]
+    out_path = out_path or os.path.join(folders[0], "report.html")
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):
+        raise UserError(f"cannot write {out_path}: no folder {folder}")
+    tmp = f"{out_path}.tmp{os.getpid()}"
+    try:  # a temporary file, then a rename: a browser never opens half a page
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page(runs))
+        os.replace(tmp, out_path)
+    except OSError as e:
+        raise UserError(f"cannot write {out_path} ({e.strerror or e}); pass another --out") from None
+    return out_path
+
+
+def report_of_run(out_dir: str) -> str | None:
+    """The RL script's end-of-run report, out_dir/report.html, and its path printed; a
+    problem is one printed note (the run itself is done and saved)."""
+    from .distributed import is_main
+    if not is_main():
+        return None
+    try:
+        path = write_report([out_dir])
+    except UserError as e:
+        print(f"note: no report written: {e}")
+        return None
+    print(f"report: {path} (open it in a browser: file://{os.path.abspath(path)})")
+    return path
+
+
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="python -m mingpt_rlhf.report", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="out_dir folders of RL runs (train_ppo.py)")
+    ap.add_argument("--out", default="", help="the HTML file to write (default: report.html in "
+                                              "the first run's folder)")
+    return ap
+
+
+def main(argv=None) -> None:
+    try:
+        args = build_parser().parse_args(argv)
+        path = write_report(args.runs, args.out)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"wrote {path}; open it in a browser: file://{os.path.abspath(path)}")
+
+
+if __name__ == "__main__":
+    main()
