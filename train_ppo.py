@@ -62,7 +62,7 @@ from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.report import comparison_lines, report_of_run
 from mingpt_rlhf.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
-from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options
+from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
 from mingpt_rlhf.metrics import MetricsLog
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
@@ -244,6 +244,9 @@ def check_config(cfg: Config):
         raise UserError(f"--sampler_lag must be 0 or 1, got {cfg.sampler_lag}")
     if cfg.dynamic_sampling < 0 or cfg.tis_cap < 0:
         raise UserError("--dynamic_sampling and --tis_cap must be >= 0 (0 = off)")
+    if 0 < cfg.tis_cap < 1:
+        raise UserError(f"--tis_cap {cfg.tis_cap} would cap weights below 1, scaling every "
+                        f"token down; use a cap >= 1 (2 is usual) or 0 (off)")
     if cfg.dynamic_sampling and cfg.algo not in ("grpo", "rloo"):
         raise UserError(f"--dynamic_sampling drops groups of equal scores: --algo grpo or rloo, "
                         f"not {cfg.algo} (it has no groups)")
@@ -519,6 +522,10 @@ def main(cfg: Config) -> dict:
         kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
         trainer.stale = resumed.get("sampler_behind")
+        if trainer.stale is not None and [t.shape for t in trainer.stale] != [
+                p.shape for p in trainable(actor)]:
+            raise UserError(f"{ckpt_path} holds a lagging sampler's weights of another model; "
+                            f"resume with the options it was trained with")
         restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures

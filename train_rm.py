@@ -46,7 +46,7 @@ from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import gold_agreement, get_task
-from mingpt_rlhf.tokenizer import EOS
+from mingpt_rlhf.tokenizer import EOS, same_tokenizer
 
 
 @dataclass
@@ -70,6 +70,9 @@ class Config:
     dropout: float = opt(0.0, "dropout probability while training")
     eval_interval: int = opt(100, "steps between evaluations and checkpoints")
     norm_samples: int = opt(512, "SFT samples used to normalise the scores (0 = no normalising)")
+    norm_policy: str = opt("", "the SFT folder of the policy RL will optimise, whose samples set "
+                               "the normalisation (default: --sft_dir); for a reward model of "
+                               "another size than the policy (same tokenizer)")
     max_new_tokens: int = opt(32, "longest response sampled for normalisation")
     seed: int = opt(1337, "random seed")
     device: str = opt("auto", "auto | cpu | cuda | mps")
@@ -158,7 +161,13 @@ def main(cfg: Config) -> dict:
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "rm")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
-    require_room_for_prompt(cfg.max_new_tokens, policy.config.block_size)  # normalisation samples
+    norm_sampler = policy  # whose samples set the normalisation: the policy RL will optimise
+    if cfg.norm_policy and cfg.norm_samples > 0:
+        norm_sampler, other, _ = load_policy(cfg.norm_policy, flag="--norm_policy")
+        if not same_tokenizer(tokenizer, other):
+            raise UserError(f"--norm_policy {cfg.norm_policy} uses another tokenizer than "
+                            f"--sft_dir {cfg.sft_dir}; pass an SFT of the same task")
+    require_room_for_prompt(cfg.max_new_tokens, norm_sampler.config.block_size)  # normalisation samples
 
     # ---- data
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
@@ -269,7 +278,7 @@ def main(cfg: Config) -> dict:
     if cfg.norm_samples > 0:
         prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt.strip()]
         if prompts:
-            raw = sft_sample_scores(policy.to(device), model, tokenizer,
+            raw = sft_sample_scores(norm_sampler.to(device), model, tokenizer,
                                     prompts[:cfg.norm_samples], cfg, ctx)
         else:
             print("note: the pairs have no prompts to sample from; normalising on the scores "

@@ -1,8 +1,9 @@
 """What each implementation detail of PPO and GRPO is worth: the default run with one detail
 taken out, judged by the gold reward, 3 seeds.
 
-    python bench/details.py                         # every detail, seeds 0 1 2 (~60 min of PPO
-                                                    # and ~7 of GRPO a seed on 2 CPU cores)
+    python bench/details.py                         # every detail, seeds 0 1 2 (about an hour
+                                                    # of PPO and a quarter of GRPO a seed, on
+                                                    # 2 CPU cores; docs/details.md)
     python bench/details.py --seeds 0 --details no_whiten no_kl
     python bench/details.py --draw_only --table     # docs/details.md's tables and
                                                     # bench/results/details.png, from the JSON
@@ -133,20 +134,17 @@ def merge(paths: list[str]) -> None:
 
 
 def stages(seed: int, root: str, names: list[str]) -> None:
-    """What the runs `names` of `seed` start from, each trained only if missing: SFT, the RM and
-    the unnormalised RM on reviews; the sort task's SFT in root/sort_sft."""
+    """What the runs `names` of `seed` start from, each trained unless already finished: SFT,
+    the RM and the unnormalised RM on reviews; the sort task's SFT in root/sort_sft."""
     if any(n in SORT_DETAILS for n in names):
-        sort_sft = os.path.join(root, "sort_sft")
-        if not os.path.exists(os.path.join(sort_sft, "ckpt.pt")):
-            train_sft.main(train_sft.Config(out_dir=sort_sft, task="sort", seed=seed))
+        results_file.train_stage(train_sft.main, train_sft.Config, os.path.join(root, "sort_sft"),
+                                 task="sort", seed=seed)
     if not any(n in DETAILS for n in names):
         return
-    if not os.path.exists(os.path.join(root, "sft", "ckpt.pt")):
-        train_sft.main(train_sft.Config(out_dir=os.path.join(root, "sft"), seed=seed))
+    results_file.train_stage(train_sft.main, train_sft.Config, os.path.join(root, "sft"), seed=seed)
     for name, extra in (("rm", {}), ("rm_unnormalised", dict(norm_samples=0))):
-        if not os.path.exists(os.path.join(root, name, "ckpt.pt")):
-            train_rm.main(train_rm.Config(out_dir=os.path.join(root, name), seed=seed,
-                                          sft_dir=os.path.join(root, "sft"), **extra))
+        results_file.train_stage(train_rm.main, train_rm.Config, os.path.join(root, name),
+                                 seed=seed, sft_dir=os.path.join(root, "sft"), **extra)
 
 
 def run(seed: int, root: str, name: str) -> dict:
@@ -230,13 +228,21 @@ def draw(result: dict, png: str) -> None:
         if first in summary:
             g = summary[first]["gold"]
             ax.axhspan(g["min"], g["max"], color="0.85", label="baseline's seed range")
+        outside = []
         for i, (name, s) in enumerate(summary.items()):
             if "gold" not in s or "kl" not in s:
                 continue
             g, k = s["gold"], s["kl"]
+            if details is DETAILS and (g["min"] < 0.5 or k["max"] > 8):  # off the zoomed axes
+                outside.append(f"{name}: gold {g['mean']:.2f} [{g['min']:.2f}, {g['max']:.2f}], "
+                               f"KL {k['mean']:.1f} [{k['min']:.1f}, {k['max']:.1f}]")
+                continue
             ax.errorbar(k["mean"], g["mean"], xerr=[[k["mean"] - k["min"]], [k["max"] - k["mean"]]],
-                        yerr=[[g["mean"] - g["min"]], [g["max"] - g["mean"]]], fmt="o", ms=5,
-                        capsize=2, color=f"C{i % 10}", label=f"{name} ({s['seeds']})")
+                        yerr=[[g["mean"] - g["min"]], [g["max"] - g["mean"]]], fmt="osD^v"[i // 10],
+                        ms=5, capsize=2, color=f"C{i % 10}", label=f"{name} ({s['seeds']})")
+        if outside:
+            ax.text(0.02, 0.03, "off the axes: " + "; ".join(outside), transform=ax.transAxes,
+                    fontsize=7)
         ax.set_xlabel("KL to the SFT policy at the end (nats per response)")
         ax.set_ylabel("accuracy" if details is SORT_DETAILS else "gold")
         ax.set_title(title + ": each detail taken out", fontsize=10)

@@ -12,7 +12,7 @@ reward model (standing in for people); the task's noisy labeller, which prefers 
 of higher gold with a logistic probability, labels the pairs; proxy reward models are
 train_rm.py's, started from SFT models of the sizes in SIZES (each trained by train_sft.py on
 the same demonstrations; size "m" is the default pipeline's SFT, which is also the policy), on
-the numbers of pairs in PAIRS. Nothing of the default pipeline changes: sizes and pair counts
+the numbers of pairs in PAIRS, and all normalised on the policy's samples (`--norm_policy`). Nothing of the default pipeline changes: sizes and pair counts
 are the scripts' options.
 
 For each seed, in --work/seed{seed} (the SFT policy is the one bench/details.py trains):
@@ -77,16 +77,18 @@ def rm_dir(root: str, size: str, pairs: int) -> str:
 
 def proxies(seed: int, root: str) -> None:
     """The SFT model of each size (the default one from bench/details.py's stages) and a proxy
-    RM of each size on each number of pairs, each trained only if missing."""
+    RM of each size on each number of pairs, each trained unless already finished. Every proxy
+    is normalised on the policy's samples (--norm_policy: the default SFT), so that the same KL
+    coefficient and reward clip mean the same against every size."""
     details.stages(seed, root, ["baseline"])
+    policy = os.path.join(root, "sft")
     for size, model in SIZES.items():
-        sft = os.path.join(root, "sft") if not model else os.path.join(root, "overopt", f"sft_{size}")
-        if not os.path.exists(os.path.join(sft, "ckpt.pt")):
-            train_sft.main(train_sft.Config(out_dir=sft, seed=seed, **model))
+        sft = policy if not model else os.path.join(root, "overopt", f"sft_{size}")
+        if model:
+            results_file.train_stage(train_sft.main, train_sft.Config, sft, seed=seed, **model)
         for pairs in PAIRS:
-            out = rm_dir(root, size, pairs)
-            if not os.path.exists(os.path.join(out, "ckpt.pt")):
-                train_rm.main(train_rm.Config(out_dir=out, sft_dir=sft, seed=seed, n_pairs=pairs))
+            results_file.train_stage(train_rm.main, train_rm.Config, rm_dir(root, size, pairs),
+                                     sft_dir=sft, seed=seed, n_pairs=pairs, norm_policy=policy)
 
 
 def params_of(path: str) -> int:

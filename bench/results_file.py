@@ -21,3 +21,15 @@ def save(path: str, result: dict) -> None:
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)
     os.replace(tmp, path)
+
+
+def train_stage(main, config_class, out_dir: str, **options) -> None:
+    """Run a training script's `main` into out_dir unless a run there already finished (its
+    metrics.jsonl ends with the final summary); a run that was killed part-way (a checkpoint,
+    no summary) is resumed, never taken for a finished one."""
+    from mingpt_rlhf.metrics import read_metrics
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    if os.path.exists(metrics) and any(r.get("final") for r in read_metrics(metrics)[-1:]):
+        return
+    resume = os.path.exists(os.path.join(out_dir, "ckpt.pt"))
+    main(config_class(out_dir=out_dir, resume=resume, **options))

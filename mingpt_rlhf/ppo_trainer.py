@@ -219,11 +219,13 @@ class PPOTrainer:
             yield
             return
         params = trainable(self.actor)
+        assert len(params) == len(self.stale) and all(
+            p.shape == old.shape for p, old in zip(params, self.stale)), "stale weights of another model"
         now = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, old in zip(params, self.stale):
-                p.copy_(old)
         try:
+            with torch.no_grad():
+                for p, old in zip(params, self.stale):
+                    p.copy_(old)
             yield
         finally:
             with torch.no_grad():
@@ -317,7 +319,7 @@ class PPOTrainer:
         # the sampler's log-probs serve when only the actions need them; unmasked
         # environment tokens were never sampled, so the scoring pass computes theirs
         score = (self.reuse_sampler_logprobs or self.keeps_sampler_logprobs) and source.mask_env
-        with self.amp(), self.sampling(for_update):
+        with self.sampling(for_update), self.amp():  # weights swapped before autocast caches them
             ep = source.play(self.actor, seeds, cfg, generator, score)
         t1 = time.time()
         T = ep.prompt_len
@@ -534,6 +536,7 @@ class PPOTrainer:
         up to that many more rollouts while the update has fewer rows than they had."""
         cfg = self.cfg
         dynamic = getattr(cfg, "dynamic_sampling", 0)
+        assert not dynamic or refill is not None, "dynamic sampling needs refill()"
         wanted = sum(len(b if self.episodes is not None else b[0]) for b in prompt_batches)
         pending, experiences, roll, kept, groups, dropped = list(prompt_batches), [], [], 0, 0, 0
         while pending:
@@ -547,10 +550,10 @@ class PPOTrainer:
             experiences.append(exp)
             roll.append(stats)
             if dynamic:  # DAPO: only the groups that carry a signal, up to the rows wanted
-                rows = informative_groups(exp.scores, cfg.group_size)[:wanted - kept]
+                rows = informative_groups(exp.scores, cfg.group_size)
                 groups += len(exp.scores) // cfg.group_size
-                dropped += (len(exp.scores) - len(rows)) // cfg.group_size
-                exp = exp.select(rows)
+                dropped += (len(exp.scores) - len(rows)) // cfg.group_size  # no signal only
+                exp = exp.select(rows[:wanted - kept])  # groups beyond the batch: not learned
                 if not pending and kept + len(rows) < wanted and len(roll) < len(prompt_batches) + dynamic:
                     pending.append(refill())
             if len(exp.scores):
@@ -562,6 +565,7 @@ class PPOTrainer:
         if dynamic:
             stats.update(rollouts=len(roll), kept_rows=kept, dropped_groups=dropped / groups)
         # the weights that sampled this iteration's learner: the next iteration's sampler
+        self.stale = None  # (one copy of the weights at a time, not two)
         before = [p.detach().clone() for p in trainable(self.actor)] if self.sampler_lag else None
         stats.update(self.learn(shuffle_gen))
         self.stale = before

@@ -88,10 +88,11 @@ class RolloutRecorder:
         self.count = count if is_main() else 0
         self.tokenizer, self.seed, self.task, self.env_class = tokenizer, seed, task, env_class
         self.seconds = 0.0  # time spent recording (bench/report_cost.py reads it)
-        if self.count:
+        if self.count or (is_main() and resume_step is not None and os.path.exists(self.path)):
+            # resumed: the lines past the checkpoint came from the killed run, recording or not
             os.makedirs(out_dir, exist_ok=True)
             restart_log(self.path, resume_step, "rollouts file")
-        elif is_main() and os.path.exists(self.path) and resume_step is None:
+        elif is_main() and os.path.exists(self.path):
             os.remove(self.path)  # an earlier run's recording in this folder would be stale
 
     @torch.no_grad()

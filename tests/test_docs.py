@@ -172,3 +172,19 @@ def test_the_readmes_benchmark_figures_are_those_in_bench_results():
     assert near(g_turns_lo, g["turns"]["min"], 0.01) and near(g_turns_hi, g["turns"]["max"], 0.01)
     assert near(p_won, 100 * p["success"]["mean"], 1)
     assert near(p_lo, p["turns"]["min"], 0.01) and near(p_hi, p["turns"]["max"], 0.01)
+
+
+def test_the_readmes_details_line_is_bench_details_json():
+    """The README's line on which details matter quotes bench/results/details.json's summary."""
+    import json
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "bench", "results", "details.json")) as f:
+        s = json.load(f)["summary"]
+    base, no_kl = s["baseline"]["gold"], s["no_kl"]["gold"]
+    assert (f"the default ends at gold {base['mean']:.3f} ({base['min']:.3f}-{base['max']:.3f}); "
+            f"without the KL penalty {no_kl['mean']:.3f} ({no_kl['min']:.3f} to {no_kl['max']:.3f}), "
+            f"with an unnormalised reward model {s['rm_unnormalised']['gold']['mean']:.3f}, with a "
+            f"critic started from zero {s['critic_from_zero']['gold']['mean']:.3f}, with dropout "
+            f"{s['dropout']['gold']['mean']:.3f}") in text
+    assert all(v["seeds"] == 3 for k, v in s.items() if k in ("baseline", "no_kl", "dropout"))

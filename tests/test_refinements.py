@@ -130,6 +130,16 @@ def test_dynamic_sampling_drops_groups_without_signal_and_refills():
     assert stats["gen_tokens"] == sum(e.action_mask.sum().item() for e in exps)  # both paid for
 
 
+def test_dropped_groups_counts_only_groups_without_signal():
+    """Two groups with a signal in batch 1 and four in the refill: 16 rows wanted, so two of the
+    refill's groups are surplus and not learned from; they had a signal and are not 'dropped'."""
+    tr = scripted_trainer([SIGNAL + SIGNAL + TIE + TIE, SIGNAL * 4], 2)
+    _, stats = tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0),
+                       refill=lambda: grouped_prompts(4, 4, seed=2))
+    assert tr.learned == [SIGNAL * 4] and stats["kept_rows"] == 16
+    assert stats["dropped_groups"] == 2 / 8 and stats["zero_groups"] == (0.5 + 0) / 2
+
+
 def test_dynamic_sampling_stops_refilling_at_its_limit_and_may_skip_an_update():
     tr = scripted_trainer([TIE + SIGNAL + TIE + TIE, TIE * 4], 1)
     _, stats = tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0),
@@ -234,6 +244,7 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     (["--dynamic_sampling", "-1"], "must be >= 0"),
     (["--tis_cap", "2", "--dtype", "float32"], "in float32 the sampler's are the learner's"),
     (["--sampler_lag", "2"], "--sampler_lag must be 0 or 1"),
+    (["--tis_cap", "0.5"], "use a cap >= 1"),
     (["--tis_cap", "2", "--env", "guess", "--mask_env", "false"], "environment's tokens have none"),
     (["--sampler_lag", "1", "--env", "guess", "--mask_env", "false"], "need the sampler's"),
 ])

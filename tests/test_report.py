@@ -270,3 +270,15 @@ def test_the_page_runs_in_chromium_without_an_error(ppo_run, grpo_episodes, tmp_
     shot = os.environ.get("MINGPT_RLHF_SCREENSHOT") or str(tmp_path / "report.png")
     done = browse(browser, page, "--window-size=1400,1500", f"--screenshot={shot}")
     assert done.returncode == 0 and open(shot, "rb").read(8) == b"\x89PNG\r\n\x1a\n", done.stderr[-2000:]
+
+
+def test_a_resumed_run_that_no_longer_records_still_cuts_the_killed_runs_lines(tmp_path):
+    """Resumed with --record_rollouts 0, the lines the killed run wrote past the checkpoint
+    would otherwise stay and show in the report as if this run had made them."""
+    from mingpt_rlhf.rollouts import RolloutRecorder
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "tokens": []}) + "\n" for s in (0, 20, 40)))
+    RolloutRecorder(str(tmp_path), 0, tokenizer=None, resume_step=20)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 20]
+    RolloutRecorder(str(tmp_path), 0, tokenizer=None)  # a new run, not recording: no stale file
+    assert not path.exists()

@@ -120,6 +120,35 @@ def test_rm_checkpoint_loads_into_reward_model_and_critic(stages):
     assert ckpt["sft"]["step"] == 20
 
 
+def test_rm_of_another_size_is_normalised_on_the_policys_samples(stages, tmp_path):
+    """--norm_policy: a reward model trained from an SFT of another size than the policy gets
+    mean 0 and std 1 on the policy's samples (those PPO will score), not on its own SFT's."""
+    import train_rm
+    import train_sft
+    from mingpt_rlhf.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.runtime import autocast
+    from mingpt_rlhf.tasks import get_task
+    root = stages[0]
+    train_sft.main(sft_cfg(tmp_path / "sft_small", n_embd=16, max_iters=10))
+    cfg = rm_cfg(tmp_path / "rm", tmp_path / "sft_small", norm_policy=str(root / "sft"))
+    train_rm.main(cfg)
+    rm = load_reward_model(str(tmp_path / "rm"))
+    policy, tokenizer, _ = load_policy(str(root / "sft"))
+    prompts = get_task("reviews", seed=cfg.seed).prompts("train")[:cfg.norm_samples]
+    ctx = autocast(torch.device("cpu"), torch.float32)
+    raw = train_rm.sft_sample_scores(policy, rm, tokenizer, prompts, cfg, ctx)
+    normalised = rm.gain * raw + rm.bias
+    assert abs(normalised.mean().item()) < 1e-4 and abs(normalised.std().item() - 1) < 1e-4
+    own, _, _ = load_policy(str(tmp_path / "sft_small"))
+    other = rm.gain * train_rm.sft_sample_scores(own, rm, tokenizer, prompts, cfg, ctx) + rm.bias
+    assert abs(other.mean().item()) > 1e-3  # its own SFT's samples would have set other values
+
+
+def test_rm_norm_policy_that_is_missing_exits_2(stages, tmp_path, capsys):
+    exits_2_naming(capsys, "train_rm", ["--sft_dir", stages[0] / "sft", "--out_dir", tmp_path / "r",
+                                        "--norm_policy", tmp_path / "nothing"], "--norm_policy")
+
+
 def test_rm_resume_continues_exactly(stages, tmp_path):
     root, _, _ = stages  # root / "rm" is rm_cfg's run, uninterrupted
     killed_after_first_save(train_rm, rm_cfg(tmp_path / "killed", root / "sft"))
