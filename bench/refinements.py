@@ -117,7 +117,7 @@ def run(seed: int, root: str, task: str, name: str) -> dict:
                if k in final}
     figures["seconds"] = round(seconds, 1)
     figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in train)
-    for k in ("zero_groups", "dropped_groups", "mismatch_kl", "tis_capped"):
+    for k in ("zero_groups", "mismatch_kl", "tis_capped"):
         v = [r[k] for r in train if k in r]
         if v:
             figures[k] = sum(v) / len(v)
