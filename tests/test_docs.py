@@ -188,3 +188,15 @@ def test_the_readmes_details_line_is_bench_details_json():
             f"critic started from zero {s['critic_from_zero']['gold']['mean']:.3f}, with dropout "
             f"{s['dropout']['gold']['mean']:.3f}") in text
     assert all(v["seeds"] == 3 for k, v in s.items() if k in ("baseline", "no_kl", "dropout"))
+
+
+def test_the_readmes_refinements_line_is_bench_refinements_json():
+    import json
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "bench", "results", "refinements.json")) as f:
+        s = json.load(f)["summary"]
+    assert (f"lifts sort accuracy from {s['sort/grpo']['gold']['mean']:.3f} to "
+            f"{s['sort/dynamic']['gold']['mean']:.3f}") in text
+    loss = s["reviews_rm/grpo"]["gold"]["mean"] - s["reviews_rm/gspo"]["gold"]["mean"]
+    assert f"loses {loss:.3f} gold on the reviews task's reward model" in text
