@@ -45,6 +45,10 @@ Each is an option of train_ppo.py, off by default; each changes one thing:
    sampled it, truncated at C so that one token cannot dominate (`truncated_is_weights`,
    `--tis_cap C`). The weight is a constant >= 0, so weighing the clipped surrogate by it is
    the same as multiplying the token's advantage by it, which is how the trainer applies it.
+   What it leaves uncorrected: the KL term when it is in the loss (`--kl_in loss`), the logged
+   KL that drives the adaptive controller, and the truncation of top-k / top-p sampling (the
+   sampler's log-probs are those of the full tempered distribution). `--sampler_lag 1` makes
+   a sampler one update behind the learner, to measure what the correction is worth.
 
 Every function here is checked against a hand computation in tests/test_refinements.py.
 """
