@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_weights  # noqa: E402
+from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights  # noqa: E402
 from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
@@ -118,32 +118,49 @@ def best_of_n(seed: int, root: str, result: dict) -> None:
             seqs.append((out.sequences, out.attention_mask, ended))
     gold = torch.tensor([[task.gold_reward(p, r) for r in rs] for p, rs in zip(prompts, texts)],
                         dtype=torch.float64)                                    # (P, N)
+    # a small vocabulary repeats responses: identical ones tie on every proxy, and with ties
+    # log n - (n - 1)/n overstates best-of-n's KL (bestofn.py), so the exact KL of best-of-n
+    # on each prompt's 256 samples (as a distribution: each distinct response at its share)
+    # is measured beside it
+    distinct = [len(set(rs)) / N_MAX for rs in texts]
     seconds = time.time() - start
     for size, pairs in todo:
         rm = load_reward_model(rm_dir(root, size, pairs), tokenizer)
         proxy = torch.stack([torch.where(ended, rm(s, m).double(), -1.0) for s, m, ended in seqs])
         order = proxy.argsort(-1)                                   # ascending, per prompt
         g_sorted, p_sorted = gold.gather(1, order), proxy.gather(1, order)
+        empirical = []  # per prompt: (probabilities, proxy score) of its distinct responses
+        for rs, scores in zip(texts, proxy):
+            share = {}
+            for r, sc in zip(rs, scores.tolist()):
+                count, _ = share.get(r, (0, sc))
+                share[r] = (count + 1, sc)
+            counts, values = zip(*share.values())
+            empirical.append((torch.tensor(counts, dtype=torch.float64) / N_MAX,
+                              torch.tensor(values, dtype=torch.float64)))
         curve = []
         n = 1
         while n <= N_MAX:
             w = best_of_n_weights(N_MAX, n)
-            curve.append({"n": n, "d": math.sqrt(best_of_n_kl(n)),
+            exact = sum(best_of_n_kl_exact(p, v, n) for p, v in empirical) / len(empirical)
+            curve.append({"n": n, "d": math.sqrt(best_of_n_kl(n)), "d_exact": math.sqrt(exact),
                           "gold": (g_sorted @ w).mean().item() - gold.mean().item(),
                           "proxy": (p_sorted @ w).mean().item() - proxy.mean().item()})
             n *= 2
         result["runs"][f"bon/{size}/{pairs}/{seed}"] = {
             "curve": curve, "params": params_of(rm_dir(root, size, pairs)),
             "sft_gold": gold.mean().item(), "sampling_seconds": round(seconds, 1),
+            "distinct_share": sum(distinct) / len(distinct),
             "rm_eval_acc": read_metrics(os.path.join(rm_dir(root, size, pairs), "metrics.jsonl"))[-1].get("eval_acc")}
         results_file.save(RESULTS, result)
 
 
 def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
-    """RL against each size's proxy (most pairs), KL coefficient 0 and KL_COEFS, fixed."""
-    for size in SIZES:
+    """RL against each size's proxy (most pairs), KL coefficient 0 and KL_COEFS, fixed; in
+    the order that gives the main curves first (no penalty, every size) if the bench stops."""
+    for coef in (0.0, *KL_COEFS):
         for method in methods:
-            for coef in (0.0, *KL_COEFS):
+            for size in SIZES:
                 key = f"rl/{size}/{method}_kl{coef:g}/{seed}"
                 if key in result["runs"]:
                     continue
@@ -181,7 +198,29 @@ def fits(result: dict) -> None:
                 entry[form] = fit(form, d, gold)
             except ValueError as e:
                 entry[form] = {"error": str(e)}
+        if all("d_exact" in c[0] for c in runs):  # best-of-n against its exact KL (ties)
+            d_exact = [sum(c[i]["d_exact"] for c in runs) / len(runs) for i in range(n)]
+            entry["d_exact"] = d_exact
+            entry["bon_exact"] = fit("bon", d_exact, gold)
         result["fits"][name] = entry
+
+
+def markdown_table(result: dict) -> str:
+    """docs/overoptimization.md's table: per curve the proxy's parameters, the highest gold
+    gain and the d where it was measured, and the paper's form fitted (alpha, beta, r2, the
+    fitted peak d); best-of-n also against its exact KL (d_exact)."""
+    lines = ["| curve | proxy params | best gold gain (at d) | form | alpha | beta | r2 | fitted peak d |",
+             "| --- " * 8 + "|"]
+    for name, f in result["fits"].items():
+        runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
+        best = max(range(len(f["gold"])), key=lambda i: f["gold"][i])
+        form = "bon" if name.startswith("bon") else "rl"
+        g = f[form]
+        peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
+        lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {f['gold'][best]:.3f} (d "
+                     f"{f['d'][best]:.2f}) | {form} | {g['alpha']:.3f} | {g['beta']:.3f} | "
+                     f"{g['r2']:.3f} | {peak} |")
+    return "\n".join(lines)
 
 
 def draw(result: dict, png: str) -> None:
@@ -254,14 +293,15 @@ def main():
     ap.add_argument("--rerun", action="store_true", help="redo what the JSON already has")
     ap.add_argument("--draw_only", action="store_true", help="only fit and draw")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--table", action="store_true", help="print docs/overoptimization.md's table")
     args = ap.parse_args()
     os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
     if args.threads:
         torch.set_num_threads(args.threads)
     result = results_file.load(RESULTS)
-    if args.rerun:
+    if args.rerun:  # the chosen parts of the chosen seeds
         result["runs"] = {k: v for k, v in result["runs"].items()
-                          if int(k.rsplit("/", 1)[1]) not in args.seeds}
+                          if int(k.rsplit("/", 1)[1]) not in args.seeds or k.split("/")[0] not in args.parts}
     if not args.draw_only:
         for seed in args.seeds:
             root = os.path.join(args.work, f"seed{seed}")
@@ -276,6 +316,9 @@ def main():
         draw(result, os.path.join(ROOT, "bench", "results", "overoptimization.png"))
     except ImportError:
         print("matplotlib is not installed: no picture")
+    if args.table:
+        print(markdown_table(result))
+        return
     for name, f in result["fits"].items():
         form = "bon" if name.startswith("bon") else "rl"
         g = f[form]
