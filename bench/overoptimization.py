@@ -211,7 +211,14 @@ def markdown_table(result: dict) -> str:
     fitted peak d); best-of-n also against its exact KL (d_exact)."""
     lines = ["| curve | proxy params | best gold gain (at d) | form | alpha | beta | r2 | fitted peak d |",
              "| --- " * 8 + "|"]
-    for name, f in result["fits"].items():
+    def order(name):  # best-of-n by size and pairs, then RL by method, coefficient and size
+        part, size, which = name.split("/")
+        sizes = list(SIZES)
+        if part == "bon":
+            return (0, sizes.index(size), int(which))
+        method, coef = which.split("_kl")
+        return (1, list(RL_METHODS).index(method), float(coef), sizes.index(size))
+    for name, f in sorted(result["fits"].items(), key=lambda item: order(item[0])):
         runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
         best = max(range(len(f["gold"])), key=lambda i: f["gold"][i])
         form = "bon" if name.startswith("bon") else "rl"
