@@ -157,10 +157,11 @@ class PPOTrainer:
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
 
     @property
-    def keeps_sampler_logprobs(self) -> bool:
-        """Whether the sampler's log-probs are kept beside the learner's (not reused as them):
-        for truncated importance sampling, and to measure how far a lagging sampler is off."""
-        return self.tis_cap > 0 or self.sampler_lag > 0
+    def sampler_scores(self) -> bool:
+        """Whether the sampler keeps its log-probs: to reuse them as the learner's (float32,
+        no lag), or to keep them beside the learner's for truncated importance sampling and to
+        measure how far a lagging sampler is off."""
+        return self.reuse_sampler_logprobs or self.tis_cap > 0 or self.sampler_lag > 0
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -277,7 +278,7 @@ class PPOTrainer:
         t0 = time.time()
         with self.sampling(for_update):
             out = self.sample(prompt_ids, prompt_mask, generator,
-                              score=self.reuse_sampler_logprobs or self.keeps_sampler_logprobs)
+                              score=self.sampler_scores)
         t1 = time.time()
         T = prompt_ids.size(1)
         responses = out.sequences[:, T:]                                # (B, N)
@@ -318,7 +319,7 @@ class PPOTrainer:
         t0 = time.time()
         # the sampler's log-probs serve when only the actions need them; unmasked
         # environment tokens were never sampled, so the scoring pass computes theirs
-        score = (self.reuse_sampler_logprobs or self.keeps_sampler_logprobs) and source.mask_env
+        score = self.sampler_scores and source.mask_env
         with self.sampling(for_update), self.amp():  # weights swapped before autocast caches them
             ep = source.play(self.actor, seeds, cfg, generator, score)
         t1 = time.time()
