@@ -126,9 +126,7 @@ ALL_DETAILS = {**DETAILS, **SORT_DETAILS}
 
 def merge(paths: list[str]) -> None:
     """Add the runs of other results files (seeds run by another process) to RESULTS."""
-    result = results_file.load(RESULTS)
-    for path in paths:
-        result["runs"].update(results_file.load(path)["runs"])
+    result = results_file.merge(RESULTS, paths)
     summarise(result)
     results_file.save(RESULTS, result)
 

@@ -7,6 +7,9 @@ reward models of several sizes and training-set sizes, for best-of-n and for RL.
     python bench/overoptimization.py --parts bon        # best-of-n only (the RMs and sampling)
     python bench/overoptimization.py --draw_only        # the fits and the picture, from the JSON
 
+Two processes can run two seeds at once (`--threads 1` each): one writes the default JSON,
+the other `--results FILE`; then `--merge FILE` adds the second file's runs to the default one.
+
 The setup, mapped onto the paper's: the task's exact gold reward plays the paper's "gold"
 reward model (standing in for people); the task's noisy labeller, which prefers the response
 of higher gold with a logistic probability, labels the pairs; proxy reward models are
@@ -170,13 +173,19 @@ def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
                     out_dir=out, sft_dir=os.path.join(root, "sft"),
                     rm_dir=rm_dir(root, size, max(PAIRS)), seed=seed, kl_coef=coef,
                     adaptive_kl=False, **RL_METHODS[method]))
-                evals = [r for r in read_metrics(os.path.join(out, "metrics.jsonl"))
-                         if r.get("split") == "eval" and "gold" in r]
+                rows = read_metrics(os.path.join(out, "metrics.jsonl"))
+                evals = [r for r in rows if r.get("split") == "eval" and "gold" in r]
+                trains = [r for r in rows if "split" not in r and "gold" in r]
                 gold0, proxy0 = evals[0]["gold"], evals[0]["rm_score"]
+
+                def point(r):
+                    return {"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)), "kl": r["kl"],
+                            "gold": r["gold"] - gold0, "proxy": r["rm_score"] - proxy0}
                 result["runs"][key] = {
-                    "curve": [{"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)),
-                               "kl": r["kl"], "gold": r["gold"] - gold0,
-                               "proxy": r["rm_score"] - proxy0} for r in evals],
+                    "curve": [point(r) for r in evals],
+                    # every iteration's own rollouts (64 training responses, sampled before that
+                    # iteration's update): noisier, but dense where d rises fastest
+                    "train_curve": [point(r) for r in trains],
                     "params": params_of(rm_dir(root, size, max(PAIRS))),
                     "seconds": round(time.time() - start, 1)}
                 results_file.save(RESULTS, result)
@@ -198,6 +207,13 @@ def fits(result: dict) -> None:
                 entry[form] = fit(form, d, gold)
             except ValueError as e:
                 entry[form] = {"error": str(e)}
+        dense = [run["train_curve"] for key, run in result["runs"].items()
+                 if key.rsplit("/", 1)[0] == name and "train_curve" in run]
+        if dense:  # RL at every iteration, on its own rollouts (the seeds that logged them)
+            n = min(len(c) for c in dense)
+            d = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(n)]
+            gold = [sum(c[i]["gold"] for c in dense) / len(dense) for i in range(n)]
+            entry["dense"] = {"seeds": len(dense), "d": d, "gold": gold, "rl": fit("rl", d, gold)}
         if all("d_exact" in c[0] for c in runs):  # best-of-n against its exact KL (ties)
             d_exact = [sum(c[i]["d_exact"] for c in runs) / len(runs) for i in range(n)]
             entry["d_exact"] = d_exact
@@ -230,6 +246,25 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def dense_table(result: dict) -> str:
+    """The RL form fitted to each RL run's every iteration (its own rollouts), where logged:
+    the rising side that evals every 20 iterations cross in one or two points."""
+    lines = ["| curve | seeds | points | gold gain at d 0.5 / 1.0 | alpha | beta | r2 | fitted peak d |",
+             "| --- " * 8 + "|"]
+    for name, f in result["fits"].items():
+        if "dense" not in f:
+            continue
+        g, d, gold = f["dense"]["rl"], f["dense"]["d"], f["dense"]["gold"]
+
+        def at(x):  # the gain of the first point at or past d = x
+            i = next((i for i, v in enumerate(d) if v >= x), None)
+            return "-" if i is None else f"{gold[i]:.2f}"
+        peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
+        lines.append(f"| {name} | {f['dense']['seeds']} | {len(d)} | {at(0.5)} / {at(1.0)} | "
+                     f"{g['alpha']:.3f} | {g['beta']:.3f} | {g['r2']:.3f} | {peak} |")
+    return "\n".join(lines)
+
+
 def draw(result: dict, png: str) -> None:
     """Gold and proxy against d for best-of-n (each size, most pairs), for PPO and GRPO without
     KL penalty (each size); best-of-n's gold for each number of pairs (size m); the KL
@@ -249,6 +284,12 @@ def draw(result: dict, png: str) -> None:
         d = [sum(r["curve"][i]["d"] for r in runs) / len(runs) for i in range(n)]
         y = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(n)]
         ax.plot(d, y, marker="o", ms=3, label=label, **style)
+        dense = [r["train_curve"] for r in runs if "train_curve" in r]
+        if dense and key in ("gold", "proxy"):  # every iteration, thin, under the eval points
+            n = min(len(c) for c in dense)
+            d = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(n)]
+            y = [sum(c[i][key] for c in dense) / len(dense) for i in range(n)]
+            ax.plot(d, y, lw=0.7, alpha=0.35, **style)
     big = max(PAIRS)
     panels = [("best-of-n: gold", "bon/{s}/%d" % big, "gold"), ("best-of-n: proxy", "bon/{s}/%d" % big, "proxy"),
               ("PPO, no KL penalty: gold", "rl/{s}/ppo_kl0", "gold"), ("GRPO, no KL penalty: gold", "rl/{s}/grpo_kl0", "gold")]
@@ -291,6 +332,7 @@ def draw(result: dict, png: str) -> None:
 
 
 def main():
+    global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--parts", nargs="+", default=["bon", "rl"], choices=["bon", "rl"])
@@ -301,11 +343,20 @@ def main():
     ap.add_argument("--draw_only", action="store_true", help="only fit and draw")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--table", action="store_true", help="print docs/overoptimization.md's table")
+    ap.add_argument("--results", default=RESULTS, help="the JSON to write (another file lets a "
+                                                        "second process run other seeds at once)")
+    ap.add_argument("--merge", nargs="+", default=[], help="add these results files' runs to "
+                                                           "bench/results/overoptimization.json, "
+                                                           "fit and draw")
     args = ap.parse_args()
+    RESULTS = os.path.abspath(args.results)
     os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
     if args.threads:
         torch.set_num_threads(args.threads)
     result = results_file.load(RESULTS)
+    if args.merge:
+        result = results_file.merge(RESULTS, args.merge)
+        args.draw_only = True
     if args.rerun:  # the chosen parts of the chosen seeds
         result["runs"] = {k: v for k, v in result["runs"].items()
                           if int(k.rsplit("/", 1)[1]) not in args.seeds or k.split("/")[0] not in args.parts}
@@ -325,6 +376,8 @@ def main():
         print("matplotlib is not installed: no picture")
     if args.table:
         print(markdown_table(result))
+        print()
+        print(dense_table(result))
         return
     for name, f in result["fits"].items():
         form = "bon" if name.startswith("bon") else "rl"

@@ -23,6 +23,15 @@ def save(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
+def merge(path: str, others: list[str]) -> dict:
+    """The results in `path` with the runs of the files `others` added (seeds that another
+    process ran at the same time into its own file); the caller saves it."""
+    result = load(path)
+    for other in others:
+        result["runs"].update(load(other)["runs"])
+    return result
+
+
 def train_stage(main, config_class, out_dir: str, **options) -> None:
     """Run a training script's `main` into out_dir unless a run there already finished (its
     metrics.jsonl ends with the final summary); a run that was killed part-way (a checkpoint,

@@ -83,3 +83,38 @@ def test_best_of_n_weights_give_the_mean_over_every_subset():
     assert best_of_n_weights(256, 256)[-1].item() == 1.0
     with pytest.raises(ValueError):
         best_of_n_weights(4, 5)
+
+
+def _bench():
+    import os
+    import sys
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import overoptimization
+    import results_file
+    return overoptimization, results_file
+
+
+def test_the_bench_fits_the_mean_over_seeds_and_the_dense_curves(tmp_path):
+    """Two seeds' RL curves, one of them with its every-iteration curve, in two results files
+    (two processes): merged, the eval curve is fitted on the point-by-point mean of both seeds
+    and the dense fit on the one seed that logged it; both recover the coefficients."""
+    bench, results_file = _bench()
+    def points(d, alpha, beta, shift=0.0):
+        return [{"d": x, "gold": g + shift} for x, g in zip(d, curve("rl", d, alpha, beta).tolist())]
+    evals = [0.0, 1.0, 1.5, 2.0, 3.0]
+    dense = [0.05 * i for i in range(1, 61)]
+    one, two = str(tmp_path / "one.json"), str(tmp_path / "two.json")
+    results_file.save(one, {"runs": {"rl/m/ppo_kl0/0": {"curve": points(evals, 0.6, 0.3, 0.01)}}})
+    results_file.save(two, {"runs": {"rl/m/ppo_kl0/1": {"curve": points(evals, 0.6, 0.3, -0.01),
+                                                         "train_curve": points(dense, 0.5, 0.2)}}})
+    result = results_file.merge(one, [two])
+    assert sorted(result["runs"]) == ["rl/m/ppo_kl0/0", "rl/m/ppo_kl0/1"]
+    bench.fits(result)
+    f = result["fits"]["rl/m/ppo_kl0"]
+    assert f["seeds"] == 2 and f["rl"]["alpha"] == pytest.approx(0.6) and f["rl"]["beta"] == pytest.approx(0.3)
+    assert f["dense"]["seeds"] == 1 and len(f["dense"]["d"]) == 60
+    assert f["dense"]["rl"]["alpha"] == pytest.approx(0.5) and f["dense"]["rl"]["beta"] == pytest.approx(0.2)
+    row = bench.dense_table(result).splitlines()[2]
+    assert row.startswith("| rl/m/ppo_kl0 | 1 | 60 |") and "| 0.500 | 0.200 | 1.000 |" in row
