@@ -223,10 +223,10 @@ def fits(result: dict) -> None:
 
 def markdown_table(result: dict) -> str:
     """docs/overoptimization.md's table: per curve the proxy's parameters, the highest gold
-    gain and the d where it was measured, and the paper's form fitted (alpha, beta, r2, the
+    gain of the mean curve and the d where it was measured, the range of each seed's highest, and the paper's form fitted (alpha, beta, r2, the
     fitted peak d); best-of-n also against its exact KL (d_exact)."""
-    lines = ["| curve | proxy params | best gold gain (at d) | form | alpha | beta | r2 | fitted peak d |",
-             "| --- " * 8 + "|"]
+    lines = ["| curve | proxy params | best gold gain (at d) | each seed's best | form | alpha | beta | r2 | fitted peak d |",
+             "| --- " * 9 + "|"]
     def order(name):  # best-of-n by size and pairs, then RL by method, coefficient and size
         part, size, which = name.split("/")
         sizes = list(SIZES)
@@ -240,8 +240,9 @@ def markdown_table(result: dict) -> str:
         form = "bon" if name.startswith("bon") else "rl"
         g = f[form]
         peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
+        each = [max(p["gold"] for p in r["curve"]) for r in runs]
         lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {f['gold'][best]:.3f} (d "
-                     f"{f['d'][best]:.2f}) | {form} | {g['alpha']:.3f} | {g['beta']:.3f} | "
+                     f"{f['d'][best]:.2f}) | {min(each):.2f}-{max(each):.2f} | {form} | {g['alpha']:.3f} | {g['beta']:.3f} | "
                      f"{g['r2']:.3f} | {peak} |")
     return "\n".join(lines)
 
@@ -262,6 +263,35 @@ def dense_table(result: dict) -> str:
         peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
         lines.append(f"| {name} | {f['dense']['seeds']} | {len(d)} | {at(0.5)} / {at(1.0)} | "
                      f"{g['alpha']:.3f} | {g['beta']:.3f} | {g['r2']:.3f} | {peak} |")
+    return "\n".join(lines)
+
+
+def ppo_against_best_of_n(result: dict) -> str:
+    """Per seed: the default PPO run's gold and KL (bench/details.py's `baseline`, same SFT
+    policy and proxy size m), and the KL best-of-n needs for that gold with proxy m on the most
+    pairs (linear between its points in d; KL = d^2)."""
+    path = os.path.join(ROOT, "bench", "results", "details.json")
+    if not os.path.exists(path):
+        return "bench/results/details.json is missing: run bench/details.py for the default PPO run"
+    details_runs = results_file.load(path)["runs"]
+    lines = ["| seed | default PPO gold | PPO KL | best-of-n KL for that gold (n) | PPO KL / best-of-n KL |",
+             "| --- " * 5 + "|"]
+    for key, run in sorted(result["runs"].items()):
+        if not key.startswith(f"bon/m/{max(PAIRS)}/"):
+            continue
+        seed = key.rsplit("/", 1)[1]
+        ppo = details_runs.get(f"baseline/{seed}")
+        if ppo is None:
+            continue
+        gain, c = ppo["gold"] - run["sft_gold"], run["curve"]
+        i = next((i for i in range(1, len(c)) if c[i]["gold"] >= gain), None)
+        if i is None:
+            lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | not reached by n = {N_MAX} | - |")
+            continue
+        t = (gain - c[i - 1]["gold"]) / (c[i]["gold"] - c[i - 1]["gold"])
+        d = c[i - 1]["d"] + t * (c[i]["d"] - c[i - 1]["d"])
+        lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | {d * d:.2f} ({c[i - 1]['n']}-"
+                     f"{c[i]['n']}) | {ppo['kl'] / (d * d):.1f}x |")
     return "\n".join(lines)
 
 
@@ -378,6 +408,8 @@ def main():
         print(markdown_table(result))
         print()
         print(dense_table(result))
+        print()
+        print(ppo_against_best_of_n(result))
         return
     for name, f in result["fits"].items():
         form = "bon" if name.startswith("bon") else "rl"
