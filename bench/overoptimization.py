@@ -315,11 +315,11 @@ def draw(result: dict, png: str) -> None:
         y = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(n)]
         ax.plot(d, y, marker="o", ms=3, label=label, **style)
         dense = [r["train_curve"] for r in runs if "train_curve" in r]
-        if dense and key in ("gold", "proxy"):  # every iteration, thin, under the eval points
+        if dense and key in ("gold", "proxy"):  # every iteration: faint dots (d is not monotone)
             n = min(len(c) for c in dense)
             d = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(n)]
             y = [sum(c[i][key] for c in dense) / len(dense) for i in range(n)]
-            ax.plot(d, y, lw=0.7, alpha=0.35, **style)
+            ax.scatter(d, y, s=3, alpha=0.3, color=style.get("color"))
     big = max(PAIRS)
     panels = [("best-of-n: gold", "bon/{s}/%d" % big, "gold"), ("best-of-n: proxy", "bon/{s}/%d" % big, "proxy"),
               ("PPO, no KL penalty: gold", "rl/{s}/ppo_kl0", "gold"), ("GRPO, no KL penalty: gold", "rl/{s}/grpo_kl0", "gold")]
