@@ -239,7 +239,7 @@ def markdown_table(result: dict) -> str:
         best = max(range(len(f["gold"])), key=lambda i: f["gold"][i])
         form = "bon" if name.startswith("bon") else "rl"
         g = f[form]
-        peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
+        peak = peak_text(g["peak_d"], f["d"])
         each = [max(p["gold"] for p in r["curve"]) for r in runs]
         lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {f['gold'][best]:.3f} (d "
                      f"{f['d'][best]:.2f}) | {min(each):.2f}-{max(each):.2f} | {form} | {g['alpha']:.3f} | {g['beta']:.3f} | "
@@ -247,22 +247,65 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def peak_text(peak_d: float, d: list[float]) -> str:
+    """A fitted peak, or what it means when the fit puts it nowhere near the data."""
+    if peak_d == math.inf:
+        return "none (never turns down)"
+    if peak_d > 3 * max(d):
+        return "far past the data"
+    return f"{peak_d:.2f}"
+
+
 def dense_table(result: dict) -> str:
-    """The RL form fitted to each RL run's every iteration (its own rollouts), where logged:
-    the rising side that evals every 20 iterations cross in one or two points."""
-    lines = ["| curve | seeds | points | gold gain at d 0.5 / 1.0 | alpha | beta | r2 | fitted peak d |",
-             "| --- " * 8 + "|"]
+    """RL at every iteration (its own rollouts), where logged: d and gold after 1, 5 and 20
+    iterations (the rising side, which evals every 20 iterations see in one point), and the RL
+    form fitted to all the iterations."""
+    lines = ["| curve | seeds | d, gold after 1 / 5 / 20 iterations | alpha | beta | r2 | fitted peak d |",
+             "| --- " * 7 + "|"]
     for name, f in result["fits"].items():
         if "dense" not in f:
             continue
         g, d, gold = f["dense"]["rl"], f["dense"]["d"], f["dense"]["gold"]
+        # point i holds the rollouts sampled after i updates
+        after = " / ".join(f"{d[i]:.2f}, {gold[i]:.2f}" for i in (1, 5, 20) if i < len(d))
+        lines.append(f"| {name} | {f['dense']['seeds']} | {after} | {g['alpha']:.3f} | "
+                     f"{g['beta']:.3f} | {g['r2']:.3f} | {peak_text(g['peak_d'], d)} |")
+    return "\n".join(lines)
 
-        def at(x):  # the gain of the first point at or past d = x
-            i = next((i for i, v in enumerate(d) if v >= x), None)
-            return "-" if i is None else f"{gold[i]:.2f}"
-        peak = "none (never turns down)" if g["peak_d"] == math.inf else f"{g['peak_d']:.2f}"
-        lines.append(f"| {name} | {f['dense']['seeds']} | {len(d)} | {at(0.5)} / {at(1.0)} | "
-                     f"{g['alpha']:.3f} | {g['beta']:.3f} | {g['r2']:.3f} | {peak} |")
+
+D_BINS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
+
+
+def frontier_table(result: dict) -> str:
+    """Gold at equal d: every iteration of every seed pooled into bins of d, per proxy size,
+    method and KL coefficient, with best-of-n's gold (its mean curve, linear between points, at
+    the bin's middle) for reference. If a KL penalty only stops a run earlier on the same curve,
+    the coefficients' rows agree bin by bin; a bin with fewer than 5 points shows '-'."""
+    bins = list(zip(D_BINS[:-1], D_BINS[1:]))
+    head = " | ".join(f"d {lo:g}-{hi:g}" for lo, hi in bins)
+    lines = [f"| proxy | run | {head} |", "| --- " * (2 + len(bins)) + "|"]
+    for size in SIZES:
+        bon = result["fits"].get(f"bon/{size}/{max(PAIRS)}")
+        if bon:
+            def interp(x, d=bon["d"], gold=bon["gold"]):
+                if x > d[-1]:
+                    return "-"
+                i = next(i for i in range(1, len(d)) if d[i] >= x)
+                t = (x - d[i - 1]) / (d[i] - d[i - 1])
+                return f"{gold[i - 1] + t * (gold[i] - gold[i - 1]):.2f}"
+            lines.append(f"| {size} | best-of-n | " + " | ".join(interp((lo + hi) / 2) for lo, hi in bins) + " |")
+        for method in RL_METHODS:
+            for coef in (0.0, *KL_COEFS):
+                points = [p for k, r in result["runs"].items()
+                          if k.rsplit("/", 1)[0] == f"rl/{size}/{method}_kl{coef:g}"
+                          for p in r.get("train_curve", [])[1:]]  # after at least one update
+                if not points:
+                    continue
+                cells = []
+                for lo, hi in bins:
+                    golds = [p["gold"] for p in points if lo <= p["d"] < hi]
+                    cells.append(f"{sum(golds) / len(golds):.2f}" if len(golds) >= 5 else "-")
+                lines.append(f"| {size} | {method} KL {coef:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -408,6 +451,8 @@ def main():
         print(markdown_table(result))
         print()
         print(dense_table(result))
+        print()
+        print(frontier_table(result))
         print()
         print(ppo_against_best_of_n(result))
         return
