@@ -116,5 +116,9 @@ def test_the_bench_fits_the_mean_over_seeds_and_the_dense_curves(tmp_path):
     assert f["seeds"] == 2 and f["rl"]["alpha"] == pytest.approx(0.6) and f["rl"]["beta"] == pytest.approx(0.3)
     assert f["dense"]["seeds"] == 1 and len(f["dense"]["d"]) == 60
     assert f["dense"]["rl"]["alpha"] == pytest.approx(0.5) and f["dense"]["rl"]["beta"] == pytest.approx(0.2)
-    row = bench.dense_table(result).splitlines()[2]
-    assert row.startswith("| rl/m/ppo_kl0 | 1 | 60 |") and "| 0.500 | 0.200 | 1.000 |" in row
+    row = bench.dense_table(result).splitlines()[2]  # point 1 (d 0.10) is after one update
+    assert row == "| rl/m/ppo_kl0 | 1 | 0.10, 0.10 / 0.30, 0.22 / 1.05, 0.51 | 0.500 | 0.200 | 1.000 | 4.48 |"
+    # gold at equal d: the dense points after the first, binned (0.10-0.45 in d 0-0.5: 8 points)
+    frontier = [r for r in bench.frontier_table(result).splitlines() if "ppo KL 0 |" in r]
+    first_bin = [float(curve("rl", [x], 0.5, 0.2)) for x in dense[1:] if x < 0.5]
+    assert len(frontier) == 1 and frontier[0].split(" | ")[2] == f"{sum(first_bin) / len(first_bin):.2f}"
