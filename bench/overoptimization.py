@@ -2,7 +2,8 @@
 gold reward against d = sqrt(KL to the SFT policy) while a policy is optimised against proxy
 reward models of several sizes and training-set sizes, for best-of-n and for RL.
 
-    python bench/overoptimization.py                    # seed 0, everything (~75 min on 2
+    python bench/overoptimization.py                    # seed 0, everything (50-65 min as one
+                                                        # of 2-3 single-thread processes on 2
                                                         # CPU cores; --seeds 0 1 2 for three)
     python bench/overoptimization.py --parts bon        # best-of-n only (the RMs and sampling)
     python bench/overoptimization.py --draw_only        # the fits and the picture, from the JSON
@@ -276,18 +277,22 @@ def dense_table(result: dict) -> str:
 D_BINS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 
 
-def frontier_table(result: dict) -> str:
-    """Gold at equal d: every iteration of every seed pooled into bins of d, per proxy size,
+def frontier_table(result: dict, key: str = "gold") -> str:
+    """Gold (or the proxy, key="proxy") at equal d: every iteration of every seed pooled into bins of d, per proxy size,
     method and KL coefficient, with best-of-n's gold (its mean curve, linear between points, at
     the bin's middle) for reference. If a KL penalty only stops a run earlier on the same curve,
     the coefficients' rows agree bin by bin; a bin with fewer than 5 points shows '-'."""
     bins = list(zip(D_BINS[:-1], D_BINS[1:]))
     head = " | ".join(f"d {lo:g}-{hi:g}" for lo, hi in bins)
-    lines = [f"| proxy | run | {head} |", "| --- " * (2 + len(bins)) + "|"]
+    lines = [f"| proxy | run ({key}) | {head} |", "| --- " * (2 + len(bins)) + "|"]
     for size in SIZES:
         bon = result["fits"].get(f"bon/{size}/{max(PAIRS)}")
         if bon:
-            def interp(x, d=bon["d"], gold=bon["gold"]):
+            curve = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(len(bon["d"]))
+                     for runs in [[r for k, r in result["runs"].items()
+                                   if k.rsplit("/", 1)[0] == f"bon/{size}/{max(PAIRS)}"]]]
+
+            def interp(x, d=bon["d"], gold=curve):
                 if x > d[-1]:
                     return "-"
                 i = next(i for i in range(1, len(d)) if d[i] >= x)
@@ -303,7 +308,7 @@ def frontier_table(result: dict) -> str:
                     continue
                 cells = []
                 for lo, hi in bins:
-                    golds = [p["gold"] for p in points if lo <= p["d"] < hi]
+                    golds = [p[key] for p in points if lo <= p["d"] < hi]
                     cells.append(f"{sum(golds) / len(golds):.2f}" if len(golds) >= 5 else "-")
                 lines.append(f"| {size} | {method} KL {coef:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -453,6 +458,8 @@ def main():
         print(dense_table(result))
         print()
         print(frontier_table(result))
+        print()
+        print(frontier_table(result, "proxy"))
         print()
         print(ppo_against_best_of_n(result))
         return

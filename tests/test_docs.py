@@ -200,3 +200,23 @@ def test_the_readmes_refinements_line_is_bench_refinements_json():
             f"{s['sort/dynamic']['gold']['mean']:.3f}") in text
     loss = s["reviews_rm/grpo"]["gold"]["mean"] - s["reviews_rm/gspo"]["gold"]["mean"]
     assert f"loses {loss:.3f} gold on the reviews task's reward model" in text
+
+
+def test_the_readmes_overoptimization_line_is_bench_overoptimization_json():
+    """The README's KL ratio of the default PPO run to best-of-n is the bench's, per seed."""
+    import importlib
+    import json
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        bench = importlib.import_module("overoptimization")
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    with open(bench.RESULTS) as f:
+        result = json.load(f)
+    rows = bench.ppo_against_best_of_n(result).splitlines()[2:]
+    ratios = [float(row.split(" | ")[-1].rstrip("x |")) for row in rows]
+    assert len(ratios) == 3
+    assert f"the default PPO run spends {min(ratios):.1f}-{max(ratios):.1f}x the KL" in text
