@@ -159,6 +159,22 @@ def best_of_n(seed: int, root: str, result: dict) -> None:
         results_file.save(RESULTS, result)
 
 
+def curves_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """An RL run's metrics.jsonl rows as two curves of (step, d, kl, gold, proxy), gold and proxy
+    counted from the first eval's (the SFT policy's): the evals (200 held-out prompts), and
+    every iteration's own rollouts (64 training responses, sampled before that iteration's
+    update: noisier, but dense where d rises fastest). The run's final summary repeats the last
+    eval without a split; it belongs to neither."""
+    evals = [r for r in rows if r.get("split") == "eval" and "gold" in r]
+    trains = [r for r in rows if "split" not in r and "gold" in r and not r.get("final")]
+    gold0, proxy0 = evals[0]["gold"], evals[0]["rm_score"]
+
+    def point(r):
+        return {"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)), "kl": r["kl"],
+                "gold": r["gold"] - gold0, "proxy": r["rm_score"] - proxy0}
+    return [point(r) for r in evals], [point(r) for r in trains]
+
+
 def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
     """RL against each size's proxy (most pairs), KL coefficient 0 and KL_COEFS, fixed; in
     the order that gives the main curves first (no penalty, every size) if the bench stops."""
@@ -174,19 +190,9 @@ def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
                     out_dir=out, sft_dir=os.path.join(root, "sft"),
                     rm_dir=rm_dir(root, size, max(PAIRS)), seed=seed, kl_coef=coef,
                     adaptive_kl=False, **RL_METHODS[method]))
-                rows = read_metrics(os.path.join(out, "metrics.jsonl"))
-                evals = [r for r in rows if r.get("split") == "eval" and "gold" in r]
-                trains = [r for r in rows if "split" not in r and "gold" in r]
-                gold0, proxy0 = evals[0]["gold"], evals[0]["rm_score"]
-
-                def point(r):
-                    return {"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)), "kl": r["kl"],
-                            "gold": r["gold"] - gold0, "proxy": r["rm_score"] - proxy0}
+                curve, train_curve = curves_of(read_metrics(os.path.join(out, "metrics.jsonl")))
                 result["runs"][key] = {
-                    "curve": [point(r) for r in evals],
-                    # every iteration's own rollouts (64 training responses, sampled before that
-                    # iteration's update): noisier, but dense where d rises fastest
-                    "train_curve": [point(r) for r in trains],
+                    "curve": curve, "train_curve": train_curve,
                     "params": params_of(rm_dir(root, size, max(PAIRS))),
                     "seconds": round(time.time() - start, 1)}
                 results_file.save(RESULTS, result)
@@ -211,10 +217,10 @@ def fits(result: dict) -> None:
         dense = [run["train_curve"] for key, run in result["runs"].items()
                  if key.rsplit("/", 1)[0] == name and "train_curve" in run]
         if dense:  # RL at every iteration, on its own rollouts (the seeds that logged them)
-            n = min(len(c) for c in dense)
-            d = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(n)]
-            gold = [sum(c[i]["gold"] for c in dense) / len(dense) for i in range(n)]
-            entry["dense"] = {"seeds": len(dense), "d": d, "gold": gold, "rl": fit("rl", d, gold)}
+            m = min(len(c) for c in dense)
+            dd = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(m)]
+            dg = [sum(c[i]["gold"] for c in dense) / len(dense) for i in range(m)]
+            entry["dense"] = {"seeds": len(dense), "d": dd, "gold": dg, "rl": fit("rl", dd, dg)}
         if all("d_exact" in c[0] for c in runs):  # best-of-n against its exact KL (ties)
             d_exact = [sum(c[i]["d_exact"] for c in runs) / len(runs) for i in range(n)]
             entry["d_exact"] = d_exact
@@ -224,8 +230,9 @@ def fits(result: dict) -> None:
 
 def markdown_table(result: dict) -> str:
     """docs/overoptimization.md's table: per curve the proxy's parameters, the highest gold
-    gain of the mean curve and the d where it was measured, the range of each seed's highest, and the paper's form fitted (alpha, beta, r2, the
-    fitted peak d); best-of-n also against its exact KL (d_exact)."""
+    gain of the mean curve and the d where it was measured, the range of each seed's highest
+    (both past the starting point, whose gain is 0 by definition, so a run that never rose
+    shows a loss), and the paper's form fitted (alpha, beta, r2, the fitted peak d)."""
     lines = ["| curve | proxy params | best gold gain (at d) | each seed's best | form | alpha | beta | r2 | fitted peak d |",
              "| --- " * 9 + "|"]
     def order(name):  # best-of-n by size and pairs, then RL by method, coefficient and size
@@ -237,19 +244,25 @@ def markdown_table(result: dict) -> str:
         return (1, list(RL_METHODS).index(method), float(coef), sizes.index(size))
     for name, f in sorted(result["fits"].items(), key=lambda item: order(item[0])):
         runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
-        best = max(range(len(f["gold"])), key=lambda i: f["gold"][i])
+        best = max(range(1, len(f["gold"])), key=lambda i: f["gold"][i])
         form = "bon" if name.startswith("bon") else "rl"
         g = f[form]
-        peak = peak_text(g["peak_d"], f["d"])
-        each = [max(p["gold"] for p in r["curve"]) for r in runs]
+        each = [max(p["gold"] for p in r["curve"][1:]) for r in runs]
+        coefficients = (f"{g['alpha']:.3f} | {g['beta']:.3f} | {g['r2']:.3f}" if "alpha" in g
+                        else "- | - | -")
         lines.append(f"| {name} | {runs[0]['params'] / 1e6:.2f}M | {f['gold'][best]:.3f} (d "
-                     f"{f['d'][best]:.2f}) | {min(each):.2f}-{max(each):.2f} | {form} | {g['alpha']:.3f} | {g['beta']:.3f} | "
-                     f"{g['r2']:.3f} | {peak} |")
+                     f"{f['d'][best]:.2f}) | {min(each):.2f} to {max(each):.2f} | {form} | "
+                     f"{coefficients} | {peak_text(g, f['d'])} |")
     return "\n".join(lines)
 
 
-def peak_text(peak_d: float, d: list[float]) -> str:
-    """A fitted peak, or what it means when the fit puts it nowhere near the data."""
+def peak_text(g: dict, d: list[float]) -> str:
+    """A fit's peak, or what it means when the fit has none or puts it nowhere near the data."""
+    if "alpha" not in g:
+        return g.get("error", "no fit")
+    peak_d = g["peak_d"]
+    if g["alpha"] <= 0:  # the fitted gold falls (or first dips) from d = 0
+        return "none (no rise)"
     if peak_d == math.inf:
         return "none (never turns down)"
     if peak_d > 3 * max(d):
@@ -270,7 +283,7 @@ def dense_table(result: dict) -> str:
         # point i holds the rollouts sampled after i updates
         after = " / ".join(f"{d[i]:.2f}, {gold[i]:.2f}" for i in (1, 5, 20) if i < len(d))
         lines.append(f"| {name} | {f['dense']['seeds']} | {after} | {g['alpha']:.3f} | "
-                     f"{g['beta']:.3f} | {g['r2']:.3f} | {peak_text(g['peak_d'], d)} |")
+                     f"{g['beta']:.3f} | {g['r2']:.3f} | {peak_text(g, d)} |")
     return "\n".join(lines)
 
 
@@ -278,8 +291,9 @@ D_BINS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 
 
 def frontier_table(result: dict, key: str = "gold") -> str:
-    """Gold (or the proxy, key="proxy") at equal d: every iteration of every seed pooled into bins of d, per proxy size,
-    method and KL coefficient, with best-of-n's gold (its mean curve, linear between points, at
+    """Gold (or the proxy, key="proxy") at equal d: every iteration in bins of d (each seed's
+    mean in a bin, then the mean over the seeds that reached it), per proxy size, method and KL
+    coefficient, with best-of-n's gold (its mean curve, linear between points, at
     the bin's middle) for reference. If a KL penalty only stops a run earlier on the same curve,
     the coefficients' rows agree bin by bin; a bin with fewer than 5 points shows '-'."""
     bins = list(zip(D_BINS[:-1], D_BINS[1:]))
@@ -301,15 +315,16 @@ def frontier_table(result: dict, key: str = "gold") -> str:
             lines.append(f"| {size} | best-of-n | " + " | ".join(interp((lo + hi) / 2) for lo, hi in bins) + " |")
         for method in RL_METHODS:
             for coef in (0.0, *KL_COEFS):
-                points = [p for k, r in result["runs"].items()
-                          if k.rsplit("/", 1)[0] == f"rl/{size}/{method}_kl{coef:g}"
-                          for p in r.get("train_curve", [])[1:]]  # after at least one update
-                if not points:
+                seeds = [r["train_curve"][1:] for k, r in result["runs"].items()  # after an update
+                         if k.rsplit("/", 1)[0] == f"rl/{size}/{method}_kl{coef:g}" and "train_curve" in r]
+                if not seeds:
                     continue
                 cells = []
-                for lo, hi in bins:
-                    golds = [p[key] for p in points if lo <= p["d"] < hi]
-                    cells.append(f"{sum(golds) / len(golds):.2f}" if len(golds) >= 5 else "-")
+                for lo, hi in bins:  # each seed's mean, then theirs: no seed outweighs another
+                    in_bin = [[p[key] for p in c if lo <= p["d"] < hi] for c in seeds]
+                    means = [sum(v) / len(v) for v in in_bin if v]
+                    enough = sum(map(len, in_bin)) >= 5
+                    cells.append(f"{sum(means) / len(means):.2f}" if enough else "-")
                 lines.append(f"| {size} | {method} KL {coef:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -332,6 +347,9 @@ def ppo_against_best_of_n(result: dict) -> str:
         if ppo is None:
             continue
         gain, c = ppo["gold"] - run["sft_gold"], run["curve"]
+        if gain <= 0:  # no gain to match: n = 1 (the SFT policy itself) has it
+            lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | 0 (1) | - |")
+            continue
         i = next((i for i in range(1, len(c)) if c[i]["gold"] >= gain), None)
         if i is None:
             lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | not reached by n = {N_MAX} | - |")

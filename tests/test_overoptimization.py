@@ -122,3 +122,17 @@ def test_the_bench_fits_the_mean_over_seeds_and_the_dense_curves(tmp_path):
     frontier = [r for r in bench.frontier_table(result).splitlines() if "ppo KL 0 |" in r]
     first_bin = [float(curve("rl", [x], 0.5, 0.2)) for x in dense[1:] if x < 0.5]
     assert len(frontier) == 1 and frontier[0].split(" | ")[2] == f"{sum(first_bin) / len(first_bin):.2f}"
+
+
+def test_an_rl_runs_final_summary_is_not_an_iteration():
+    """metrics.jsonl of an RL run: evals, training iterations, then the final summary, which
+    repeats the last eval without a split and must not join the every-iteration curve."""
+    bench, _ = _bench()
+    def row(step, kl, gold, **extra):
+        return {"step": step, "kl": kl, "gold": gold, "rm_score": 2 * gold, **extra}
+    rows = [row(0, 0.0, -0.1, split="eval"), row(1, 0.01, -0.05), row(2, 1.0, 0.3),
+            row(2, 1.21, 0.4, split="eval"), row(2, 1.21, 0.4, final=True)]
+    evals, trains = bench.curves_of(rows)
+    assert [p["step"] for p in evals] == [0, 2] and [p["step"] for p in trains] == [1, 2]
+    assert trains[1] == {"step": 2, "d": 1.0, "kl": 1.0, "gold": pytest.approx(0.4), "proxy": pytest.approx(0.8)}
+    assert evals[1]["d"] == pytest.approx(1.1) and evals[0]["gold"] == 0.0
