@@ -29,9 +29,11 @@ For each seed, in --work/seed{seed} (the SFT policy is the one bench/details.py 
   size with the proxy) and GRPO, 200 iterations each against each size's proxy trained on the
   most pairs, with a fixed KL coefficient of 0 and of each value in KL_COEFS; every eval (each
   20 iterations, 200 held-out prompts) gives a point: the gold, the proxy (rm_score) and d =
-  sqrt of the measured KL;
+  sqrt of the measured KL; every iteration's own 64 training responses give a noisier one;
 - the gold is counted from the SFT policy's (gold(0) = 0), and the two forms are fitted to
-  each curve by mingpt_rlhf/overoptimization.py.
+  each curve by mingpt_rlhf/overoptimization.py;
+- --table prints the fits, RL at every iteration, gold and proxy at equal d by KL coefficient
+  (binned), and the default PPO run's KL against best-of-n's for the same gold.
 
 Every piece is written to bench/results/overoptimization.json as it ends and is not redone
 (--rerun to redo): a killed bench continues. Writes overoptimization.png.
