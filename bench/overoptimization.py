@@ -30,6 +30,8 @@ For each seed, in --work/seed{seed} (the SFT policy is the one bench/details.py 
   most pairs, with a fixed KL coefficient of 0 and of each value in KL_COEFS; every eval (each
   20 iterations, 200 held-out prompts) gives a point: the gold, the proxy (rm_score) and d =
   sqrt of the measured KL; every iteration's own 64 training responses give a noisier one;
+- slow: PPO against proxy m at KL coefficient 0 and 0.1 with both learning rates divided by 4,
+  to see whether the penalty's gold at equal KL comes from the time a run spends there;
 - the gold is counted from the SFT policy's (gold(0) = 0), and the two forms are fitted to
   each curve by mingpt_rlhf/overoptimization.py;
 - --table prints the fits, RL at every iteration, gold and proxy at equal d by KL coefficient
@@ -75,6 +77,10 @@ PAIRS = (1500, 6000, 24000)   # train_rm.py --n_pairs; 24000 is the default
 N_MAX = 256                   # best-of-n samples per prompt
 KL_COEFS = (0.02, 0.1)        # fixed KL coefficients of the RL runs, besides 0
 RL_METHODS = {"ppo": dict(algo="ppo", critic="shared"), "grpo": dict(algo="grpo")}
+# "slow": PPO against proxy m at KL coefficient 0 and the largest, with both learning rates a
+# quarter of the defaults (actor 5e-5, critic 3e-4): does a run that crosses each KL more
+# slowly reach the penalised runs' gold at equal KL?
+SLOW = dict(size="m", coefs=(0.0, max(KL_COEFS)), actor_lr=5e-5 / 4, critic_lr=3e-4 / 4)
 
 
 def rm_dir(root: str, size: str, pairs: int) -> str:
@@ -177,27 +183,39 @@ def curves_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     return [point(r) for r in evals], [point(r) for r in trains]
 
 
+def rl_run(key: str, out: str, seed: int, root: str, result: dict, size: str, method: str,
+           coef: float, **options) -> None:
+    """One RL run against size's proxy (most pairs) at a fixed KL coefficient, stored as `key`."""
+    if key in result["runs"]:
+        return
+    start = time.time()
+    train_ppo.main(train_ppo.Config(
+        out_dir=out, sft_dir=os.path.join(root, "sft"), rm_dir=rm_dir(root, size, max(PAIRS)),
+        seed=seed, kl_coef=coef, adaptive_kl=False, **RL_METHODS[method], **options))
+    curve, train_curve = curves_of(read_metrics(os.path.join(out, "metrics.jsonl")))
+    result["runs"][key] = {"curve": curve, "train_curve": train_curve,
+                           "params": params_of(rm_dir(root, size, max(PAIRS))),
+                           "seconds": round(time.time() - start, 1)}
+    results_file.save(RESULTS, result)
+
+
 def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
     """RL against each size's proxy (most pairs), KL coefficient 0 and KL_COEFS, fixed; in
     the order that gives the main curves first (no penalty, every size) if the bench stops."""
     for coef in (0.0, *KL_COEFS):
         for method in methods:
             for size in SIZES:
-                key = f"rl/{size}/{method}_kl{coef:g}/{seed}"
-                if key in result["runs"]:
-                    continue
-                out = os.path.join(root, "overopt", f"{method}_{size}_kl{coef:g}")
-                start = time.time()
-                train_ppo.main(train_ppo.Config(
-                    out_dir=out, sft_dir=os.path.join(root, "sft"),
-                    rm_dir=rm_dir(root, size, max(PAIRS)), seed=seed, kl_coef=coef,
-                    adaptive_kl=False, **RL_METHODS[method]))
-                curve, train_curve = curves_of(read_metrics(os.path.join(out, "metrics.jsonl")))
-                result["runs"][key] = {
-                    "curve": curve, "train_curve": train_curve,
-                    "params": params_of(rm_dir(root, size, max(PAIRS))),
-                    "seconds": round(time.time() - start, 1)}
-                results_file.save(RESULTS, result)
+                rl_run(f"rl/{size}/{method}_kl{coef:g}/{seed}",
+                       os.path.join(root, "overopt", f"{method}_{size}_kl{coef:g}"),
+                       seed, root, result, size, method, coef)
+
+
+def slow(seed: int, root: str, result: dict) -> None:
+    """The SLOW runs: PPO at a quarter of the learning rates, KL coefficient 0 and the largest."""
+    for coef in SLOW["coefs"]:
+        rl_run(f"slow/{SLOW['size']}/ppo_kl{coef:g}/{seed}",
+               os.path.join(root, "overopt", f"slow_ppo_{SLOW['size']}_kl{coef:g}"), seed, root,
+               result, SLOW["size"], "ppo", coef, actor_lr=SLOW["actor_lr"], critic_lr=SLOW["critic_lr"])
 
 
 def fits(result: dict) -> None:
@@ -243,7 +261,7 @@ def markdown_table(result: dict) -> str:
         if part == "bon":
             return (0, sizes.index(size), int(which))
         method, coef = which.split("_kl")
-        return (1, list(RL_METHODS).index(method), float(coef), sizes.index(size))
+        return (1 if part == "rl" else 2, list(RL_METHODS).index(method), float(coef), sizes.index(size))
     for name, f in sorted(result["fits"].items(), key=lambda item: order(item[0])):
         runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
         best = max(range(1, len(f["gold"])), key=lambda i: f["gold"][i])
@@ -315,19 +333,23 @@ def frontier_table(result: dict, key: str = "gold") -> str:
                 t = (x - d[i - 1]) / (d[i] - d[i - 1])
                 return f"{gold[i - 1] + t * (gold[i] - gold[i - 1]):.2f}"
             lines.append(f"| {size} | best-of-n | " + " | ".join(interp((lo + hi) / 2) for lo, hi in bins) + " |")
-        for method in RL_METHODS:
-            for coef in (0.0, *KL_COEFS):
-                seeds = [r["train_curve"][1:] for k, r in result["runs"].items()  # after an update
-                         if k.rsplit("/", 1)[0] == f"rl/{size}/{method}_kl{coef:g}" and "train_curve" in r]
-                if not seeds:
-                    continue
-                cells = []
-                for lo, hi in bins:  # each seed's mean, then theirs: no seed outweighs another
-                    in_bin = [[p[key] for p in c if lo <= p["d"] < hi] for c in seeds]
-                    means = [sum(v) / len(v) for v in in_bin if v]
-                    enough = sum(map(len, in_bin)) >= 5
-                    cells.append(f"{sum(means) / len(means):.2f}" if enough else "-")
-                lines.append(f"| {size} | {method} KL {coef:g} | " + " | ".join(cells) + " |")
+        rows = [(f"rl/{size}/{method}_kl{coef:g}", f"{method} KL {coef:g}")
+                for method in RL_METHODS for coef in (0.0, *KL_COEFS)]
+        if size == SLOW["size"]:
+            rows += [(f"slow/{size}/ppo_kl{coef:g}", f"ppo KL {coef:g}, learning rates / 4")
+                     for coef in SLOW["coefs"]]
+        for name, label in rows:
+            seeds = [r["train_curve"][1:] for k, r in result["runs"].items()  # after an update
+                     if k.rsplit("/", 1)[0] == name and "train_curve" in r]
+            if not seeds:
+                continue
+            cells = []
+            for lo, hi in bins:  # each seed's mean, then theirs: no seed outweighs another
+                in_bin = [[p[key] for p in c if lo <= p["d"] < hi] for c in seeds]
+                means = [sum(v) / len(v) for v in in_bin if v]
+                enough = sum(map(len, in_bin)) >= 5
+                cells.append(f"{sum(means) / len(means):.2f}" if enough else "-")
+            lines.append(f"| {size} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -433,7 +455,9 @@ def main():
     global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--parts", nargs="+", default=["bon", "rl"], choices=["bon", "rl"])
+    ap.add_argument("--parts", nargs="+", default=["bon", "rl", "slow"], choices=["bon", "rl", "slow"],
+                    help="bon: best-of-n; rl: PPO and GRPO at each KL coefficient; slow: PPO "
+                         "against proxy m at a quarter of the learning rates")
     ap.add_argument("--methods", nargs="+", default=list(RL_METHODS), choices=list(RL_METHODS))
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_details"),
                     help="where bench/details.py keeps each seed's SFT (the policy)")
@@ -466,6 +490,8 @@ def main():
                 best_of_n(seed, root, result)
             if "rl" in args.parts:
                 rl(seed, root, result, args.methods)
+            if "slow" in args.parts:
+                slow(seed, root, result)
     fits(result)
     results_file.save(RESULTS, result)
     try:
