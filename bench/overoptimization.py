@@ -64,6 +64,7 @@ from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.overoptimization import fit  # noqa: E402
+from mingpt_rlhf.ppo_trainer import resolve_auto_options  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "overoptimization.json")
@@ -77,10 +78,10 @@ PAIRS = (1500, 6000, 24000)   # train_rm.py --n_pairs; 24000 is the default
 N_MAX = 256                   # best-of-n samples per prompt
 KL_COEFS = (0.02, 0.1)        # fixed KL coefficients of the RL runs, besides 0
 RL_METHODS = {"ppo": dict(algo="ppo", critic="shared"), "grpo": dict(algo="grpo")}
-# "slow": PPO against proxy m at KL coefficient 0 and the largest, with both learning rates a
-# quarter of the defaults (actor 5e-5, critic 3e-4): does a run that crosses each KL more
-# slowly reach the penalised runs' gold at equal KL?
-SLOW = dict(size="m", coefs=(0.0, max(KL_COEFS)), actor_lr=5e-5 / 4, critic_lr=3e-4 / 4)
+# "slow": PPO against proxy m at KL coefficient 0 and the largest, with both learning rates
+# (train_ppo.py's defaults for a reward model) divided by 4: does a run that crosses each KL
+# more slowly reach the penalised runs' gold at equal KL?
+SLOW = dict(size="m", coefs=(0.0, max(KL_COEFS)), lr_divisor=4)
 
 
 def rm_dir(root: str, size: str, pairs: int) -> str:
@@ -212,39 +213,54 @@ def rl(seed: int, root: str, result: dict, methods: list[str]) -> None:
 
 def slow(seed: int, root: str, result: dict) -> None:
     """The SLOW runs: PPO at a quarter of the learning rates, KL coefficient 0 and the largest."""
+    default = resolve_auto_options(train_ppo.Config(**RL_METHODS["ppo"]))
+    lrs = dict(actor_lr=default.actor_lr / SLOW["lr_divisor"],
+               critic_lr=default.critic_lr / SLOW["lr_divisor"])
     for coef in SLOW["coefs"]:
         rl_run(f"slow/{SLOW['size']}/ppo_kl{coef:g}/{seed}",
                os.path.join(root, "overopt", f"slow_ppo_{SLOW['size']}_kl{coef:g}"), seed, root,
-               result, SLOW["size"], "ppo", coef, actor_lr=SLOW["actor_lr"], critic_lr=SLOW["critic_lr"])
+               result, SLOW["size"], "ppo", coef, **lrs)
+
+
+def runs_of(result: dict, name: str) -> list[dict]:
+    """Every seed's run of the curve `name` (a run's key without its seed)."""
+    return [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
+
+
+def mean_curve(curves: list[list[dict]], key: str) -> list[float]:
+    """Point by point, the mean of `key` over the curves (as long as the shortest)."""
+    n = min(len(c) for c in curves)
+    return [sum(c[i][key] for c in curves) / len(curves) for i in range(n)]
+
+
+def crossing(xs: list[float], x: float) -> tuple[int, float] | None:
+    """The first i >= 1 with xs[i] >= x and where x lies between xs[i - 1] and xs[i] (0 to 1);
+    None if xs never reaches x."""
+    i = next((i for i in range(1, len(xs)) if xs[i] >= x), None)
+    return None if i is None else (i, (x - xs[i - 1]) / (xs[i] - xs[i - 1]))
 
 
 def fits(result: dict) -> None:
     """Per curve (mean over the seeds run, point by point), both forms fitted to gold(d)."""
-    curves = {}
-    for key, run in result["runs"].items():
-        curves.setdefault(key.rsplit("/", 1)[0], []).append(run["curve"])
+    names = dict.fromkeys(key.rsplit("/", 1)[0] for key in result["runs"])
     result["fits"] = {}
-    for name, runs in curves.items():
-        n = min(len(c) for c in runs)
-        d = [sum(c[i]["d"] for c in runs) / len(runs) for i in range(n)]
-        gold = [sum(c[i]["gold"] for c in runs) / len(runs) for i in range(n)]
+    for name in names:
+        runs = runs_of(result, name)
+        curves = [r["curve"] for r in runs]
+        d, gold = mean_curve(curves, "d"), mean_curve(curves, "gold")
         entry = {"seeds": len(runs), "d": d, "gold": gold}
         for form in ("bon", "rl"):
             try:
                 entry[form] = fit(form, d, gold)
             except ValueError as e:
                 entry[form] = {"error": str(e)}
-        dense = [run["train_curve"] for key, run in result["runs"].items()
-                 if key.rsplit("/", 1)[0] == name and "train_curve" in run]
+        dense = [r["train_curve"] for r in runs if "train_curve" in r]
         if dense:  # RL at every iteration, on its own rollouts (the seeds that logged them)
-            m = min(len(c) for c in dense)
-            dd = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(m)]
-            dg = [sum(c[i]["gold"] for c in dense) / len(dense) for i in range(m)]
+            dd, dg = mean_curve(dense, "d"), mean_curve(dense, "gold")
             entry["dense"] = {"seeds": len(dense), "d": dd, "gold": dg, "rl": fit("rl", dd, dg)}
-        if all("d_exact" in c[0] for c in runs):  # best-of-n against its exact KL (ties)
-            d_exact = [sum(c[i]["d_exact"] for c in runs) / len(runs) for i in range(n)]
-            entry["d_exact"] = d_exact
-            entry["bon_exact"] = fit("bon", d_exact, gold)
+        if all("d_exact" in c[0] for c in curves):  # best-of-n against its exact KL (ties)
+            entry["d_exact"] = mean_curve(curves, "d_exact")
+            entry["bon_exact"] = fit("bon", entry["d_exact"], gold)
         result["fits"][name] = entry
 
 
@@ -263,7 +279,7 @@ def markdown_table(result: dict) -> str:
         method, coef = which.split("_kl")
         return (1 if part == "rl" else 2, list(RL_METHODS).index(method), float(coef), sizes.index(size))
     for name, f in sorted(result["fits"].items(), key=lambda item: order(item[0])):
-        runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
+        runs = runs_of(result, name)
         best = max(range(1, len(f["gold"])), key=lambda i: f["gold"][i])
         form = "bon" if name.startswith("bon") else "rl"
         g = f[form]
@@ -320,18 +336,15 @@ def frontier_table(result: dict, key: str = "gold") -> str:
     head = " | ".join(f"d {lo:g}-{hi:g}" for lo, hi in bins)
     lines = [f"| proxy | run ({key}) | {head} |", "| --- " * (2 + len(bins)) + "|"]
     for size in SIZES:
-        bon = result["fits"].get(f"bon/{size}/{max(PAIRS)}")
+        bon = [r["curve"] for r in runs_of(result, f"bon/{size}/{max(PAIRS)}")]
         if bon:
-            curve = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(len(bon["d"]))
-                     for runs in [[r for k, r in result["runs"].items()
-                                   if k.rsplit("/", 1)[0] == f"bon/{size}/{max(PAIRS)}"]]]
+            d, y = mean_curve(bon, "d"), mean_curve(bon, key)
 
-            def interp(x, d=bon["d"], gold=curve):
+            def interp(x):
                 if x > d[-1]:
                     return "-"
-                i = next(i for i in range(1, len(d)) if d[i] >= x)
-                t = (x - d[i - 1]) / (d[i] - d[i - 1])
-                return f"{gold[i - 1] + t * (gold[i] - gold[i - 1]):.2f}"
+                i, t = crossing(d, x)
+                return f"{y[i - 1] + t * (y[i] - y[i - 1]):.2f}"
             lines.append(f"| {size} | best-of-n | " + " | ".join(interp((lo + hi) / 2) for lo, hi in bins) + " |")
         rows = [(f"rl/{size}/{method}_kl{coef:g}", f"{method} KL {coef:g}")
                 for method in RL_METHODS for coef in (0.0, *KL_COEFS)]
@@ -339,8 +352,8 @@ def frontier_table(result: dict, key: str = "gold") -> str:
             rows += [(f"slow/{size}/ppo_kl{coef:g}", f"ppo KL {coef:g}, learning rates / 4")
                      for coef in SLOW["coefs"]]
         for name, label in rows:
-            seeds = [r["train_curve"][1:] for k, r in result["runs"].items()  # after an update
-                     if k.rsplit("/", 1)[0] == name and "train_curve" in r]
+            seeds = [r["train_curve"][1:] for r in runs_of(result, name)  # after an update
+                     if "train_curve" in r]
             if not seeds:
                 continue
             cells = []
@@ -374,11 +387,11 @@ def ppo_against_best_of_n(result: dict) -> str:
         if gain <= 0:  # no gain to match: n = 1 (the SFT policy itself) has it
             lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | 0 (1) | - |")
             continue
-        i = next((i for i in range(1, len(c)) if c[i]["gold"] >= gain), None)
-        if i is None:
+        where = crossing([p["gold"] for p in c], gain)
+        if where is None:
             lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | not reached by n = {N_MAX} | - |")
             continue
-        t = (gain - c[i - 1]["gold"]) / (c[i]["gold"] - c[i - 1]["gold"])
+        i, t = where
         d = c[i - 1]["d"] + t * (c[i]["d"] - c[i - 1]["d"])
         lines.append(f"| {seed} | {ppo['gold']:.3f} | {ppo['kl']:.2f} | {d * d:.2f} ({c[i - 1]['n']}-"
                      f"{c[i]['n']}) | {ppo['kl'] / (d * d):.1f}x |")
@@ -397,19 +410,15 @@ def draw(result: dict, png: str) -> None:
     sizes = list(SIZES)
 
     def line(ax, name, label, key="gold", **style):
-        runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name]
+        runs = runs_of(result, name)
         if not runs:
             return
-        n = min(len(r["curve"]) for r in runs)
-        d = [sum(r["curve"][i]["d"] for r in runs) / len(runs) for i in range(n)]
-        y = [sum(r["curve"][i][key] for r in runs) / len(runs) for i in range(n)]
-        ax.plot(d, y, marker="o", ms=3, label=label, **style)
+        curves = [r["curve"] for r in runs]
+        ax.plot(mean_curve(curves, "d"), mean_curve(curves, key), marker="o", ms=3, label=label, **style)
         dense = [r["train_curve"] for r in runs if "train_curve" in r]
-        if dense and key in ("gold", "proxy"):  # every iteration: faint dots (d is not monotone)
-            n = min(len(c) for c in dense)
-            d = [sum(c[i]["d"] for c in dense) / len(dense) for i in range(n)]
-            y = [sum(c[i][key] for c in dense) / len(dense) for i in range(n)]
-            ax.scatter(d, y, s=3, alpha=0.3, color=style.get("color"))
+        if dense:  # every iteration: faint dots (d is not monotone)
+            ax.scatter(mean_curve(dense, "d"), mean_curve(dense, key), s=3, alpha=0.3,
+                       color=style.get("color"))
     big = max(PAIRS)
     panels = [("best-of-n: gold", "bon/{s}/%d" % big, "gold"), ("best-of-n: proxy", "bon/{s}/%d" % big, "proxy"),
               ("PPO, no KL penalty: gold", "rl/{s}/ppo_kl0", "gold"), ("GRPO, no KL penalty: gold", "rl/{s}/grpo_kl0", "gold")]
@@ -431,7 +440,7 @@ def draw(result: dict, png: str) -> None:
         xs, alphas, betas = [], [], []
         for s in sizes:
             f = F.get(name.format(s=s), {}).get(form, {})
-            runs = [r for k, r in result["runs"].items() if k.rsplit("/", 1)[0] == name.format(s=s)]
+            runs = runs_of(result, name.format(s=s))
             if "alpha" in f and runs:
                 xs.append(runs[0]["params"])
                 alphas.append(f["alpha"])
