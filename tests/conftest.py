@@ -22,6 +22,16 @@ def tiny_gpt():
     return model.eval()
 
 
+def bench_module(name: str):
+    """A module of bench/ by name (the benchmarks import each other that way, so bench/ joins
+    sys.path)."""
+    import sys
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module(name)
+
+
 def left_pad(rows, pad_id=0):
     """List of token lists -> (ids, mask), left-padded to the longest row."""
     T = max(len(r) for r in rows)

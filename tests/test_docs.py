@@ -204,14 +204,9 @@ def test_the_readmes_refinements_line_is_bench_refinements_json():
 
 def test_the_readmes_overoptimization_line_is_bench_overoptimization_json():
     """The README's KL ratio of the default PPO run to best-of-n is the bench's, per seed."""
-    import importlib
     import json
-    import sys
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        bench = importlib.import_module("overoptimization")
-    finally:
-        sys.path.remove(os.path.join(ROOT, "bench"))
+    from conftest import bench_module
+    bench = bench_module("overoptimization")
     with open(os.path.join(ROOT, "README.md")) as f:
         text = " ".join(f.read().split())
     with open(bench.RESULTS) as f:

@@ -1,12 +1,13 @@
 """Overoptimization's functional forms (mingpt_rlhf/overoptimization.py) fitted on curves made
-from known coefficients, and best-of-n's KL formula against the exact KL of small policies."""
+from known coefficients, best-of-n's KL formula against the exact KL of small policies, and
+bench/overoptimization.py's curves, fits and tables on runs of known shape."""
+import itertools
 import math
 
 import pytest
 import torch
 
-import itertools
-
+from conftest import bench_module
 from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights
 from mingpt_rlhf.overoptimization import curve, fit
 
@@ -86,14 +87,7 @@ def test_best_of_n_weights_give_the_mean_over_every_subset():
 
 
 def _bench():
-    import os
-    import sys
-    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import overoptimization
-    import results_file
-    return overoptimization, results_file
+    return bench_module("overoptimization"), bench_module("results_file")
 
 
 def test_the_bench_fits_the_mean_over_seeds_and_the_dense_curves(tmp_path):
