@@ -141,10 +141,10 @@ class Config:
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
                         "log-probs are of the full distribution, so filtering inflates the KL")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
-    actor_lr: float = opt(-1.0, "actor learning rate, decayed linearly to 0 (-1 = auto: 5e-5, "
-                                "where 1e-4 once collapsed on the reward model; 1e-4 with rewards "
-                                "from code, --reward task or --env: with --reward task 5e-5 was "
-                                "still rising at the end, docs/rewards.md)")
+    actor_lr: float = opt(-1.0, "actor learning rate, decayed linearly to 0 (-1 = auto: 1e-4 with "
+                                "--reward task or --env, 5e-5 otherwise, a reward model or your "
+                                "function included: 1e-4 once collapsed on the reward model, and "
+                                "with --reward task 5e-5 was still rising at the end, docs/rewards.md)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
     kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
@@ -263,6 +263,18 @@ def check_config(cfg: Config):
         raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
     if cfg.grpo_norm not in ("grpo", "dr"):
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
+    # the reward's source first: the auto options below depend on it (--env's rate)
+    if cfg.env:
+        if cfg.reward not in ("rm", "env"):
+            raise UserError(f"--env gives the rewards (each step's); drop --reward "
+                            f"{cfg.reward}")
+        if cfg.prompts:
+            raise UserError("--env plays episodes from the environment's openings; drop "
+                            "--prompts (or --env to answer prompts)")
+        require_positive(cfg, "max_turns")
+        cfg.reward = "env"
+    elif not cfg.mask_env:
+        raise UserError("--mask_env false is for episodes; pass --env too")
     # every "auto" resolved by the function PPOTrainer applies too, so the values the run
     # prints and saves are the ones it trains with
     try:
@@ -290,17 +302,6 @@ def check_config(cfg: Config):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
-    if cfg.env:
-        if cfg.reward not in ("rm", "env"):
-            raise UserError(f"--env gives the rewards (each step's); drop --reward "
-                            f"{cfg.reward}")
-        if cfg.prompts:
-            raise UserError("--env plays episodes from the environment's openings; drop "
-                            "--prompts (or --env to answer prompts)")
-        require_positive(cfg, "max_turns")
-        cfg.reward = "env"
-    elif not cfg.mask_env:
-        raise UserError("--mask_env false is for episodes; pass --env too")
     if cfg.critic not in ("auto", "separate", "shared"):
         raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
     if cfg.critic == "auto":

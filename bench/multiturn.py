@@ -3,6 +3,9 @@
     python bench/multiturn.py                      # 3 seeds, every method (~1 h on 2 CPU cores)
     python bench/multiturn.py --seeds 0 --methods grpo
     python bench/multiturn.py --draw_only          # redraw the picture from the JSON
+    python bench/multiturn.py --actor_lr 5e-5 --methods grpo rloo ppo \
+        --results bench/results/multiturn_lr5e-5.json --work out/bench_multiturn_lr5e-5
+                                                   # the same at another learning rate
 
 For each seed: SFT on the teacher's episodes (`train_sft.py --env guess`; the teacher guesses
 uniformly among the numbers still possible), then from that SFT policy GRPO, RLOO and PPO
@@ -89,10 +92,11 @@ def run_sft(seed: int, out: str) -> dict:
     return {"seconds": round(time.time() - start, 1), **held_out(out)}
 
 
-def run_rl(seed: int, sft: str, out: str, options: dict, iters: int) -> dict:
+def run_rl(seed: int, sft: str, out: str, options: dict, iters: int, actor_lr: float) -> dict:
     start = time.time()
     train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, env="guess", seed=seed,
-                                    max_new_tokens=TURN_TOKENS, max_iters=iters, **options))
+                                    max_new_tokens=TURN_TOKENS, max_iters=iters,
+                                    actor_lr=actor_lr, **options))
     seconds = time.time() - start
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     evals = [r for r in rows if r.get("split") == "eval"]
@@ -187,36 +191,44 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_multiturn"))
     ap.add_argument("--rerun", action="store_true")
     ap.add_argument("--draw_only", action="store_true")
+    ap.add_argument("--actor_lr", type=float, default=-1.0,
+                    help="the actor's learning rate (-1: train_ppo.py's default for --env)")
+    ap.add_argument("--results", default=RESULTS, help="the JSON to write (its picture beside it)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = ap.parse_args()
-    result = results_file.load(RESULTS)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = results_file.load(args.results)
     result.update(optimum_turns=optimal_turns(), teacher_turns=teacher_turns(),
                   teacher_success=teacher_success(), held_out_episodes=HELD_OUT,
-                  rl_iters=args.iters)
+                  rl_iters=args.iters, actor_lr=train_ppo.resolve_auto_options(
+                      train_ppo.Config(env="guess", reward="env", actor_lr=args.actor_lr)).actor_lr)
     if not args.draw_only:
         for seed in args.seeds:
             sft = os.path.join(args.work, f"seed{seed}", "sft")
             key = f"sft/{seed}"
             if args.rerun or key not in result["runs"] or not os.path.exists(os.path.join(sft, "ckpt.pt")):
                 result["runs"][key] = run_sft(seed, sft)
-                results_file.save(RESULTS, result)
+                results_file.save(args.results, result)
             for method in args.methods:
                 key = f"{method}/{seed}"
                 if key in result["runs"] and not args.rerun:
                     continue
                 out = os.path.join(args.work, f"seed{seed}", method)
-                result["runs"][key] = run_rl(seed, sft, out, METHODS[method], args.iters)
+                result["runs"][key] = run_rl(seed, sft, out, METHODS[method], args.iters,
+                                             args.actor_lr)
                 summarise(result)
-                results_file.save(RESULTS, result)
+                results_file.save(args.results, result)
         # runs measured before kl_actions was a figure: measure their checkpoints again
         for key, run in result["runs"].items():
             method, seed = key.split("/")
             if method != "sft" and "kl_actions" not in run:
                 folder = os.path.join(args.work, f"seed{seed}")
                 run.update(held_out(os.path.join(folder, method), os.path.join(folder, "sft")))
-                results_file.save(RESULTS, result)
+                results_file.save(args.results, result)
     summarise(result)
-    results_file.save(RESULTS, result)
-    draw(result, RESULTS.replace(".json", ".png"))
+    results_file.save(args.results, result)
+    draw(result, args.results.replace(".json", ".png"))
     for method, s in result["summary"].items():
         print(f"{method:14s} " + ", ".join(
             f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]" for k, v in s.items()

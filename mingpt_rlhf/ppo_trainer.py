@@ -62,8 +62,9 @@ def resolve_auto_options(cfg):
     """A copy of `cfg` with every "auto" option replaced by its value, so that any caller of
     PPOTrainer (train_ppo.py, a benchmark, your script) trains with the same values:
 
-    - actor_lr -1: 1e-4 with a reward from code, the task's own check (`cfg.reward ==
-      "task"`, docs/rewards.md measured both rates) or an environment's (`"env"`), else 5e-5;
+    - actor_lr -1: 1e-4 with the task's own check (`cfg.reward == "task"`, docs/rewards.md
+      measured both rates) or an environment's rewards (`"env"`), else 5e-5 (a reward model, a
+      user's function);
     - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
     - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise.
