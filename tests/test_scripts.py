@@ -554,3 +554,17 @@ def test_ptx_coef_auto_is_on_for_ppo_and_off_for_the_critic_free_methods():
     cfg = train_ppo.Config(algo="rloo", ptx_coef=0.1)
     train_ppo.check_config(cfg)
     assert cfg.ptx_coef == 0.1
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--env", "guess", "--algo", "ppo"], 1e-4),         # an environment's rewards
+    (["--reward", "task"], 1e-4),                         # the task's own check
+    ([], 5e-5),                                           # the reward model
+    (["--reward", "my_reward.py:score"], 5e-5),           # a user's function
+])
+def test_actor_lr_auto_follows_the_reward_source_as_the_script_parses_it(argv, expected):
+    # the command line as train_ppo.py reads it; --env must set the reward's source before
+    # the auto options resolve, or episodes train at the reward model's rate
+    cfg = cli.parse_config(train_ppo.Config, argv)
+    train_ppo.check_config(cfg)
+    assert cfg.actor_lr == expected
