@@ -337,6 +337,26 @@ def test_the_guessing_game_and_its_known_figures():
     assert where_in_interval([("env", "o"), ("policy", "8"), ("env", "higher"), ("policy", "12")]) == [0.5, 0.5]
 
 
+@pytest.mark.parametrize("last", ["wrong", "right", "invalid"])
+def test_the_sixth_guess_is_the_last(last):
+    """Five wrong guesses leave the game open; the sixth ends it (done) whatever it is: a
+    wrong or invalid one reveals the secret and costs 0.1 (the return -0.6), a right one wins.
+    A game that allowed a seventh guess fails here."""
+    env = GuessNumber()
+    env.reset(7)
+    wrong = str(1 if env.secret != 1 else 2)
+    for turn in range(GuessNumber.TURNS - 1):
+        reply, reward, done = env.step(wrong)
+        assert not done and reward == -GuessNumber.COST, (turn, reply)
+    final = {"wrong": wrong, "right": str(env.secret), "invalid": "nine"}[last]
+    reply, reward, done = env.step(final)
+    assert done, (last, reply)
+    if last == "right":
+        assert (reply, reward) == ("correct", 1.0)
+    else:
+        assert (reply, reward) == (f"no , it was {env.secret}", -GuessNumber.COST)
+
+
 # ----------------------------------------------------------------------------- scripts
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo"])
 def test_every_algorithm_trains_on_episodes_and_resumes_exactly(guess_sft, tmp_path, algo):
