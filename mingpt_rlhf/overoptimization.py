@@ -10,7 +10,8 @@ counted from the starting policy's (so gold(0) = 0), the paper finds:
 Both are linear in (alpha, beta): gold = alpha x1 - beta x2 with x1 = d and x2 = d^2 (best-of-n)
 or d log d (RL). So each fit is an ordinary least-squares problem with no intercept, solved in
 closed form; no optimiser and no starting guess. The gold of a fitted curve peaks where its
-derivative is 0: at d = alpha / (2 beta) for best-of-n, at d = exp(alpha / beta - 1) for RL.
+derivative is 0: at d = alpha / (2 beta) for best-of-n (or at d = 0, if that is negative), at
+d = exp(alpha / beta - 1) for RL.
 
     from mingpt_rlhf.overoptimization import fit
     f = fit("rl", d=[0.5, 1, 2, 3], gold=[0.2, 0.35, 0.4, 0.3])
@@ -44,8 +45,8 @@ def fit(form: str, d, gold) -> dict:
     """Least-squares alpha and beta of `form` through the points (d, gold), no intercept.
     Returns alpha, beta, r2 (1 - residual / total sum of squares around the mean gold; 1 is a
     perfect fit, and it can be negative for a form that fits worse than a flat line), rmse,
-    points, and peak_d, the d where the fitted gold is highest (inf when beta <= 0: the curve
-    never turns down)."""
+    points, and peak_d, the d >= 0 where the fitted gold is highest (inf when beta <= 0, the
+    curve never turns down, or when the peak is beyond any float; 0 when the gold only falls)."""
     d = torch.as_tensor(d, dtype=torch.float64)
     gold = torch.as_tensor(gold, dtype=torch.float64)
     if d.dim() != 1 or d.shape != gold.shape or len(d) < 2:
@@ -61,8 +62,11 @@ def fit(form: str, d, gold) -> dict:
     if beta <= 0:
         peak = math.inf
     elif form == "bon":
-        peak = alpha / (2 * beta)
+        peak = max(alpha / (2 * beta), 0.0)  # alpha < 0: the gold only falls from d = 0
     else:
-        peak = math.exp(alpha / beta - 1)
+        try:
+            peak = math.exp(alpha / beta - 1)
+        except OverflowError:  # a tiny beta: the curve is still rising almost linearly
+            peak = math.inf
     return {"alpha": alpha, "beta": beta, "r2": r2,
             "rmse": math.sqrt((residual ** 2).mean().item()), "points": len(d), "peak_d": peak}

@@ -43,6 +43,27 @@ def test_a_curve_that_never_turns_down_has_no_peak():
     assert fit("bon", d, 0.5 * d)["peak_d"] == math.inf
 
 
+def test_an_exactly_linear_curve_has_no_peak_in_reach_for_either_form():
+    """A gold that still rises linearly: the fitted beta is 0 up to rounding, of either sign.
+    A tiny positive one puts the RL form's peak at exp(alpha / beta - 1), beyond any float:
+    that is no peak (inf), not an OverflowError."""
+    g = torch.Generator().manual_seed(0)
+    curves = [(torch.linspace(0, 3, 10), 0.5), (torch.tensor([0.5, 1.0, 2.0]), 0.1)]
+    curves += [(3 * torch.rand(6, generator=g, dtype=torch.float64), 0.1 + torch.rand(1, generator=g).item())
+               for _ in range(50)]
+    for d, slope in curves:
+        assert fit("rl", d, slope * d)["peak_d"] == math.inf
+        assert fit("bon", d, slope * d)["peak_d"] > 1e6 * d.max()
+
+
+def test_a_best_of_n_curve_that_only_falls_peaks_at_zero():
+    """alpha < 0 < beta: the fitted gold d (alpha - beta d) falls from d = 0, so its highest
+    point is d = 0 (gold 0), not the negative root of its derivative."""
+    f = fit("bon", [0.5, 1, 2], [-0.1, -0.3, -0.9])
+    assert f["alpha"] < 0 < f["beta"]
+    assert f["peak_d"] == 0.0 and float(curve("bon", [f["peak_d"]], f["alpha"], f["beta"])) == 0.0
+
+
 def test_bad_fit_input_is_refused():
     with pytest.raises(ValueError, match="same length"):
         fit("bon", [1, 2, 3], [1, 2])
