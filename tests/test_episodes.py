@@ -256,6 +256,30 @@ def test_environment_tokens_get_no_gradient_no_kl_and_no_value_target(algo, monk
                 assert on_env.any()  # unmasked: the environment's tokens are trained on
 
 
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_an_episodes_score_is_its_return_the_sum_of_its_turns_rewards(algo):
+    """GRPO and RLOO learn from one number per episode: its return, every turn's reward
+    summed (the game's -0.1 per wrong guess and its final reward), minus beta x the KL over
+    the policy's tokens, baselined by its group. Episodes of several rewarded turns are
+    played, so the last turn's reward alone would give other scores and advantages."""
+    from mingpt_rlhf.critic_free import group_advantages, leave_one_out_advantages
+    trainer = trainer_on_episodes(algo)
+    exp, stats, ep = trainer.play([1_000_000 + i // 4 for i in range(8)],
+                                  torch.Generator().manual_seed(0))
+    returns = ep.rewards.sum(-1)
+    last_turn = ep.rewards.gather(1, ep.rewards.ne(0).long().cumsum(-1).argmax(-1, keepdim=True))[:, 0]
+    assert ((returns - last_turn).abs() > 0.05).any()  # the two readings differ on this batch
+    torch.testing.assert_close(exp.scores, returns, atol=1e-6, rtol=0)
+    assert stats["score"] == pytest.approx(returns.mean().item(), abs=1e-6)
+    T = ep.prompt_len
+    kl = ((exp.logprobs - exp.ref_logprobs) * ep.action_mask[:, T:]).sum(-1)
+    reward = returns - 0.1 * kl
+    baseline = leave_one_out_advantages if algo == "rloo" else \
+        (lambda r, k: group_advantages(r, k, normalise_std=False))
+    m = exp.action_mask
+    torch.testing.assert_close(exp.advantages, baseline(reward, 4)[:, None] * m, atol=1e-5, rtol=0)
+
+
 def _rows_of_minibatch(exp, trainer):
     """The order of the rows of the (single, shuffled) minibatch of `learn`, recovered by
     drawing the permutation again with the same generator."""
