@@ -50,6 +50,24 @@ def test_gspo_clips_one_ratio_per_sequence():
     assert token.item() == pytest.approx((-(math.exp(0.05) + 1.1) / 2 - 2 * s2) / 2, abs=1e-6)
 
 
+def test_gspo_ratio_is_the_geometric_mean_of_a_long_sequences_token_ratios():
+    """Sequence 1 has three tokens and stays inside the clip: log-ratios 0.02, -0.01, 0.05,
+    mean 0.02, s = e^0.02 = 1.0202 (their sum would give e^0.06 = 1.0618, also unclipped);
+    A = 1.5, loss -1.5 s, and each token's gradient is -A s / 3 (the mean), / 2 sequences.
+    Sequence 2: log-ratios 0.1, -0.3, mean -0.1, s = 0.9048, A = -1: the lower clip 1 - 0.05
+    holds it at 0.95 (clip_low 0.05, clip_high 0.1: swapped, 0.9048 would pass unclipped)."""
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.02, -0.01, 0.05], [0.1, -0.3, 9.0]], requires_grad=True)  # 9.0: padding
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([1.5, -1.0])
+    loss, clipfrac, _ = sequence_policy_loss(new, old, adv, mask, 0.05, 0.1)
+    s1 = math.exp(0.02)
+    assert loss.item() == pytest.approx((-1.5 * s1 + 0.95) / 2, abs=1e-6)
+    assert clipfrac.item() == 0.5
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[-1.5 * s1 / 3 / 2] * 3, [0.0, 0.0, 0.0]]))
+
+
 def test_overlong_penalty_ramps_to_minus_one_at_the_budget():
     lengths = torch.tensor([5, 6, 7, 9, 10])
     assert overlong_penalty(lengths, 10, 4).tolist() == pytest.approx([0, 0, -0.25, -0.75, -1])

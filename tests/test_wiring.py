@@ -261,6 +261,48 @@ def test_critic_free_options_reach_the_loss_and_gradient(algo, norm, kl_in):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
 
 
+def test_gspo_options_reach_the_loss_and_gradient():
+    """--ratio sequence (GSPO) with an asymmetric clip (--clip_range 0.1, --clip_range_high
+    0.3), built by hand: each response's advantage is its group's (one number, not a sum over
+    its tokens), its ratio s = exp(mean of its tokens' log-ratios), and its loss
+    max(-A s, -A clip(s, 0.9, 1.3)), averaged over responses. The stored log-probs are moved
+    by d_i per token, d_i from -0.4 to 0.4 over the rows, so that s_i = e^(d_i) spans both
+    clips: responses with s in (1.1, 1.3) and A > 0, or s in (0.7, 0.9) and A < 0, are
+    clipped by one order of the clips and not by the other."""
+    k, B = 4, 16
+    cfg = ppo_config(algo="grpo", group_size=k, grpo_norm="dr", kl_in="reward", ratio="sequence",
+                     clip_range=0.1, clip_range_high=0.3, entropy_coef=0.05, temperature=0.8,
+                     ppo_epochs=1, minibatch_size=B)
+    tr = build_trainer(cfg, critic=None)
+    ids, mask = random_prompts(B // k, seed=1)
+    ids, mask = ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
+    exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
+    m, T = exp.action_mask, exp.prompt_len
+    assert (m.sum(-1) > 1).sum() > B // 2  # most responses have several tokens: a sum is not a mean
+    kl = ((exp.logprobs - exp.ref_logprobs) * m).sum(-1)
+    A = group_advantages(exp.scores - 0.2 * kl, k, normalise_std=False)            # (B,)
+    torch.testing.assert_close(exp.advantages, A[:, None] * m, atol=1e-5, rtol=0)
+    d = torch.linspace(-0.4, 0.4, B)
+    exp.logprobs = exp.logprobs - d[:, None] * m     # the policy that sampled, moved by d_i
+
+    tr.buffer.add(exp)
+    seen = capture_first_step(tr)
+    actor = copy.deepcopy(tr.actor)
+    tr.learn(torch.Generator().manual_seed(1))
+    lp, ent, _ = by_hand_logprobs(actor, exp.sequences, exp.attention_mask, T, 0.8)
+    lp = lp * m
+    s = torch.exp(((lp - exp.logprobs) * m).sum(-1) / m.sum(-1))                  # (B,)
+    torch.testing.assert_close(s.detach(), d.exp(), atol=1e-4, rtol=0)
+    per_response = torch.max(-A * s, -A * s.clamp(0.9, 1.3))
+    swapped = torch.max(-A * s, -A * s.clamp(0.7, 1.1))
+    assert (per_response - swapped).abs().max() > 1e-2    # the order of the clips matters here
+    loss = per_response.mean() - 0.05 * masked_mean(ent, m)
+    got_loss, got_grads = seen["actor"]
+    torch.testing.assert_close(got_loss, loss.detach(), atol=1e-6, rtol=1e-5)
+    for got, want in zip(got_grads, torch.autograd.grad(loss, list(actor.parameters()))):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+
+
 # ============================================================================ the critic learns
 def sign_of_the_prompt(sequences, attention_mask, action_mask):
     """+1 if the (one-token) prompt is 5 or more, else -1: the value is known from the prompt."""
