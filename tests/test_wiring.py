@@ -303,6 +303,30 @@ def test_gspo_options_reach_the_loss_and_gradient():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
 
 
+def test_the_overlong_ramp_shapes_the_scores_of_ended_responses_only():
+    """DAPO's ramp (--overlong_buffer 4 of --max_new_tokens 8): a response that ended with EOS
+    after n tokens scores its reward minus clamp((n - 4) / 4, 0, 1), a response cut off at the
+    budget is left to the missing-EOS penalty, ramp-free. The same rollout (same seeds) with
+    and without the ramp: the scores, and the rewards on each last action, differ by exactly
+    that, and nowhere else."""
+    ids, mask = random_prompts(32, seed=2)
+    exps = {}
+    for buffer in (0, 4):
+        tr = build_trainer(ppo_config(overlong_buffer=buffer))
+        exps[buffer] = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))[0]
+    plain, shaped = exps[0], exps[4]
+    assert torch.equal(plain.sequences, shaped.sequences)
+    m, T = shaped.action_mask, shaped.prompt_len
+    n = m.sum(-1)
+    ended = ((shaped.sequences[:, T:] == EOS) & m.bool()).any(-1)
+    ramp = torch.where(ended, -((n - 4) / 4).clamp(0, 1), 0.0)
+    assert (ramp < 0).sum() >= 2 and (~ended).sum() >= 2  # both kinds are in the batch
+    torch.testing.assert_close(shaped.scores - plain.scores, ramp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(shaped.rewards - plain.rewards,
+                               ramp[:, None] * F.one_hot(m.cumsum(-1).argmax(-1), m.size(1)),
+                               atol=1e-6, rtol=0)
+
+
 # ============================================================================ the critic learns
 def sign_of_the_prompt(sequences, attention_mask, action_mask):
     """+1 if the (one-token) prompt is 5 or more, else -1: the value is known from the prompt."""
