@@ -79,7 +79,10 @@ def test_critic_loads_the_reward_model_and_starts_from_its_head(rm):
 
 def test_critic_from_a_normalised_reward_model_speaks_in_normalised_units(rm):
     """PPO's rewards are normalised RM scores, so an RM-initialised critic must start on that
-    scale: its value at the last real token is the normalised score, not the raw one."""
+    scale: its value at the last real token is the normalised score, not the raw one. The
+    head has a bias, as a trained one does (a fresh head's is 0): the gain scales it too."""
+    with torch.no_grad():
+        rm.head.bias.fill_(0.8)
     rm.set_normalisation(torch.randn(100) * 3.7 + 1.4)  # the default pipeline's raw scale
     assert abs(rm.gain.item() - 1) > 0.1 and abs(rm.bias.item()) > 0.1
     critic = Critic(CFG).eval()
