@@ -18,6 +18,33 @@ def test_top_k_never_samples_outside_the_k_best():
     assert allowed.gather(-1, draws).all()
 
 
+@pytest.mark.parametrize("temperature,top_k", [(2.0, 3), (0.5, 3), (2.0, None), (2.0, 6)])
+def test_sampled_distribution_is_the_tempered_softmax_of_the_k_best(monkeypatch, temperature, top_k):
+    """sample_next draws from softmax(logits / T) restricted to the k best ids (renormalised),
+    temperature applied once, on the top-k shortcut and the general path (k = V, no top-k)
+    alike: the probabilities it hands to `draw` are those, and 50,000 draws land on each id at
+    that rate (within 0.01: 4.5 standard errors). Tempering twice (T^2) moves the best id's
+    probability from 0.48 to 0.41 at T = 2, and from 0.84 to 0.98 at T = 0.5."""
+    from mingpt_rlhf import sampling
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.0, -3.0, 0.0])
+    k = top_k or len(logits)
+    best = logits.topk(k).indices
+    want = torch.zeros(len(logits)).index_put((best,), torch.softmax(logits[best] / temperature, -1))
+    handed = []
+    real_draw = sampling.draw
+    monkeypatch.setattr(sampling, "draw", lambda probs, generator=None: (
+        handed.append(probs[0]), real_draw(probs, generator))[1])
+    n = 50_000
+    ids = sampling.sample_next(logits.expand(n, -1), temperature, top_k,
+                               generator=torch.Generator().manual_seed(0))
+    # the values handed over, whichever layout the path uses (the k best, or the vocabulary)
+    got = handed[0][handed[0] > 0].sort(descending=True).values
+    torch.testing.assert_close(got, want[want > 0].sort(descending=True).values)
+    rates = torch.bincount(ids, minlength=len(logits)).float() / n
+    assert (rates - want).abs().max() < 0.01, (rates, want)
+    assert rates[want == 0].sum() == 0
+
+
 def test_top_p_keeps_exactly_the_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     kept = torch.isfinite(filter_logits(probs.log(), top_p=0.7))
