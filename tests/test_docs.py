@@ -175,12 +175,15 @@ def test_the_readmes_benchmark_figures_are_those_in_bench_results():
 
 
 def test_the_readmes_details_line_is_bench_details_json():
-    """The README's line on which details matter quotes bench/results/details.json's summary."""
+    """The README's line on which details matter quotes bench/results/details.json's summary,
+    and what it says of the rest is true: which means fall outside the default's seed range,
+    and how many stay inside it."""
     import json
     with open(os.path.join(ROOT, "README.md")) as f:
         text = " ".join(f.read().split())
     with open(os.path.join(ROOT, "bench", "results", "details.json")) as f:
-        s = json.load(f)["summary"]
+        result = json.load(f)
+    s, runs = result["summary"], result["runs"]
     base, no_kl = s["baseline"]["gold"], s["no_kl"]["gold"]
     assert (f"the default ends at gold {base['mean']:.3f} ({base['min']:.3f}-{base['max']:.3f}); "
             f"without the KL penalty {no_kl['mean']:.3f} ({no_kl['min']:.3f} to {no_kl['max']:.3f}), "
@@ -188,6 +191,25 @@ def test_the_readmes_details_line_is_bench_details_json():
             f"critic started from zero {s['critic_from_zero']['gold']['mean']:.3f}, with dropout "
             f"{s['dropout']['gold']['mean']:.3f}") in text
     assert all(v["seeds"] == 3 for k, v in s.items() if k in ("baseline", "no_kl", "dropout"))
+    ppo = {k: v["gold"]["mean"] for k, v in s.items() if k != "baseline" and not k.startswith("sort")}
+    assert sorted(k for k, g in ppo.items() if g < base["min"]) == ["no_kl", "rm_unnormalised"]
+    assert [k for k, g in ppo.items() if g > base["max"]] == ["top_k_10"]
+    assert f"sampling from the 10 likeliest tokens {ppo['top_k_10']:.3f}, above it" in text
+    # the two the line names although their means are inside the range: below their own
+    # seed's default in every seed, as it says
+    assert "inside that range, but below their own seed's default in every seed" in text
+    for k in ("critic_from_zero", "dropout"):
+        assert all(runs[f"{k}/{seed}"]["gold"] < runs[f"baseline/{seed}"]["gold"] for seed in range(3))
+    rest = len(ppo) - 5  # the five the line names
+    words = {10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}
+    assert f"the other {words[rest]} stay within the default's seed range" in text
+
+
+def test_the_readme_stays_short():
+    """A newcomer reads the README in one sitting: detail and history belong in docs/."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        lines = len(f.read().splitlines())
+    assert lines < 300, f"README.md has {lines} lines; move detail into docs/ to stay under 300"
 
 
 def test_the_readmes_refinements_line_is_bench_refinements_json():
