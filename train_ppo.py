@@ -156,7 +156,8 @@ class Config:
                                   "moves by log(KL / target) / horizon, clipped so that beta rises "
                                   "at most x e^(1/horizon) (x1.105 at 10) and falls at most "
                                   "x e^(-0.2/horizon) (x0.980 at 10)")
-    gamma: float = opt(1.0, "GAE discount")
+    gamma: float = opt(1.0, "discount per token: of ppo's GAE and of reinforce++'s returns "
+                            "(1 = none)")
     lam: float = opt(0.95, "GAE lambda")
     clip_range: float = opt(0.2, "policy ratio clip epsilon")
     clip_range_high: float = opt(0.0, "upper clip of the ratio, 1 + this (DAPO's clip-higher, "

@@ -155,7 +155,7 @@ class PPOTrainer:
         self.episodes = episodes
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
-        self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
+        self.budget = cfg.max_new_tokens  # BREAK9
 
     @property
     def sampler_scores(self) -> bool:
@@ -375,7 +375,8 @@ class PPOTrainer:
             advantages = masked_whiten(advantages, action_mask, all_ranks=for_update)
         elif cfg.algo == "reinforce++":  # PPO's per-token rewards, no critic (refinements.py)
             rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
-            advantages = reinforce_pp_advantages(rewards, action_mask, all_ranks=for_update)
+            advantages = reinforce_pp_advantages(rewards, action_mask, cfg.gamma,
+                                                 all_ranks=for_update)
             returns = torch.zeros_like(values)
         else:  # one reward per response, its advantage on every token; no values, no returns
             rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores

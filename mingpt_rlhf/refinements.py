@@ -23,10 +23,10 @@ Each is an option of train_ppo.py, off by default; each changes one thing:
    hits it.
 
 4. **REINFORCE++** (Hu 2025): no critic and no groups; the KL to the reference is a per-token
-   reward, as in PPO; a token's return is the sum of the rewards from it to the end (gamma 1,
-   no value to bootstrap from); and the returns are normalised over the whole batch, not per
-   group, which needs no group of samples per prompt (`reinforce_pp_advantages`,
-   `--algo reinforce++`). PPO's clip is kept.
+   reward, as in PPO; a token's return is the sum of the rewards from it to the end,
+   discounted by `--gamma` (1 by default; no value to bootstrap from); and the returns are
+   normalised over the whole batch, not per group, which needs no group of samples per
+   prompt (`reinforce_pp_advantages`, `--algo reinforce++`). PPO's clip is kept.
 
 5. **Dynamic sampling** (DAPO): a group whose responses all got the same score (all right,
    or all wrong) has advantages of 0: it teaches nothing from the reward, yet it fills the
@@ -92,11 +92,12 @@ def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: int) -> torch.T
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor,
-                            all_ranks: bool = False) -> torch.Tensor:
+                            gamma: float = 1.0, all_ranks: bool = False) -> torch.Tensor:
     """(B, N) REINFORCE++ advantages: each token's return, the sum of the (KL-shaped) rewards
-    from it to the end of its response, then whitened over every real token of the batch.
-    That is GAE with no critic (values 0), gamma 1 and lambda 1."""
-    returns, _ = gae(rewards, torch.zeros_like(rewards), action_mask, gamma=1.0, lam=1.0)
+    from it to the end of its response, each discounted by gamma per token it lies ahead,
+    then whitened over every real token of the batch. That is GAE with no critic (values 0)
+    and lambda 1."""
+    returns, _ = gae(rewards, torch.zeros_like(rewards), action_mask, gamma=gamma, lam=1.0)
     return masked_whiten(returns, action_mask, all_ranks=all_ranks)
 
 

@@ -410,3 +410,18 @@ def test_generating_in_slices_right_pads_each_slice_to_the_longest_response():
     assert seqs.size(1) == max(widths)
     exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
     assert torch.equal(exp.sequences, seqs) and abs(stats["kl"]) < 1e-5
+
+
+def test_reinforce_pp_discounts_its_returns_by_gamma():
+    """--gamma reaches REINFORCE++'s returns: the same rollout (same seed) at gamma 0.5 has the
+    advantages of the per-token rewards discounted by 0.5, not those of gamma 1."""
+    from mingpt_rlhf.refinements import reinforce_pp_advantages
+    advantages, rewards = {}, {}
+    for gamma in (1.0, 0.5):
+        tr = make_trainer(Cfg(algo="reinforce++", gamma=gamma), critic_free=True)
+        exp, _ = tr.make_experience(*prompts(), torch.Generator().manual_seed(0))
+        torch.testing.assert_close(exp.advantages,
+                                   reinforce_pp_advantages(exp.rewards, exp.action_mask, gamma))
+        advantages[gamma], rewards[gamma] = exp.advantages, exp.rewards
+    assert torch.equal(rewards[1.0], rewards[0.5])  # the same rollout
+    assert (advantages[1.0] - advantages[0.5]).abs().max() > 0.1

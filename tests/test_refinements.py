@@ -85,6 +85,17 @@ def test_reinforce_pp_returns_are_whitened_over_the_whole_batch():
     torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-4, rtol=0)
 
 
+def test_reinforce_pp_returns_are_discounted_by_gamma():
+    """gamma 0.5, by hand: row 0 rewards [1, 2, 3] give returns [1 + 0.5 x 3.5, 2 + 0.5 x 3, 3]
+    = [2.75, 3.5, 3]; row 1 [4, 1, pad] gives [4.5, 1]. Over the five real tokens the mean is
+    2.95 and the (population) variance 6.55 / 5 = 1.31."""
+    rewards = torch.tensor([[1.0, 2.0, 3.0], [4.0, 1.0, 7.0]])  # 7: padding, masked
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = reinforce_pp_advantages(rewards, mask, gamma=0.5)
+    returns = torch.tensor([[2.75, 3.5, 3.0], [4.5, 1.0, 0.0]])
+    torch.testing.assert_close(adv, (returns - 2.95) / math.sqrt(1.31) * mask, atol=1e-5, rtol=0)
+
+
 def test_informative_groups_are_those_whose_scores_differ():
     scores = torch.tensor([1.0, 1, 0, 1, 2, 2, 2, 2, 0, 0, 0, 1, -1, -1, -1, -1])
     assert informative_groups(scores, 4).tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
