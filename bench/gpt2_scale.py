@@ -22,7 +22,7 @@ temporary folder), so a change's saving is a ratio measured in one run. Options 
 does not have (LoRA, --grad_checkpoint) are skipped there.
 
     python bench/gpt2_scale.py                          # CPU-sized batch, gpt2-small shape
-    python bench/gpt2_scale.py --batch recipe           # the README recipe's PPO batch
+    python bench/gpt2_scale.py --batch recipe           # the PPO batch of docs/gpt2.md's one-GPU recipe
     python bench/gpt2_scale.py --before 933198f         # and the same at that revision
     python bench/gpt2_scale.py --device cuda --shape medium --batch recipe
 

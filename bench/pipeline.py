@@ -1,4 +1,4 @@
-"""The built-in pipeline with default options, timed, and the comparisons the README quotes.
+"""The built-in pipeline with default options, timed, and the comparisons docs/results.md quotes.
 
     python bench/pipeline.py                 # ~20 min on a 2-core CPU
     python bench/pipeline.py --skip_train    # only re-measure the comparison from existing runs
@@ -41,7 +41,7 @@ from mingpt_rlhf.evaluate import distinct_n  # noqa: E402
 from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402
 
 
-# train_ppo.py with its defaults ("ppo"), and the ablations the README quotes
+# train_ppo.py with its defaults ("ppo"), and the ablations docs/results.md quotes
 PPO_RUNS = {
     "ppo": {},
     "ppo_kl0": {"kl_coef": 0.0, "adaptive_kl": False},  # what the KL penalty is for

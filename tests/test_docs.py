@@ -1,6 +1,7 @@
 """The README and docs/ stay true: every relative link resolves (to a file, and to a heading
-when it names one), and every `python ...` command they quote names a script that exists
-with options its own parser accepts."""
+when it names one), every pointer to a named section ("X" below, see "X") finds that heading
+where it says, every `python ...` command they quote names a script that exists with options
+its own parser accepts, and a figure quoted in two places is the same figure, its JSON's."""
 import glob
 import importlib
 import os
@@ -12,20 +13,38 @@ import pytest
 from mingpt_rlhf.cli import build_parser
 from test_scripts import ROOT
 
-PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+PAGES = ([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "bench", "peers", "README.md")]
+         + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))))
 SCRIPTS = ("train_sft", "train_rm", "train_ppo", "train_dpo", "sample")
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's anchor of a heading: lower case, punctuation dropped, each space a hyphen."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
 
 
-def anchors(path: str) -> set:
+def headings(path: str) -> list[tuple[int, str]]:
+    """(line index, text) of each heading of a Markdown file, code blocks skipped."""
     with open(path, encoding="utf-8") as f:
-        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
-    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+        lines = f.read().splitlines()
+    found, fenced = [], False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            found.append((i, line.lstrip("#").strip()))
+    return found
+
+
+def anchors(path: str) -> set:
+    """Every heading's anchor; GitHub gives a repeated heading -1, -2, ... after its slug."""
+    seen, out = {}, set()
+    for _, heading in headings(path):
+        s = slug(heading)
+        out.add(f"{s}-{seen[s]}" if s in seen else s)
+        seen[s] = seen.get(s, 0) + 1
+    return out
 
 
 def links(path: str):
@@ -46,7 +65,7 @@ def test_every_relative_link_resolves(page):
         assert os.path.exists(full), f"{os.path.relpath(page, ROOT)}: {target} does not exist"
         if anchor:
             assert anchor in anchors(full), f"{os.path.relpath(page, ROOT)}: no heading #{anchor} in {path or 'itself'}"
-    if page.endswith("README.md"):
+    if page == PAGES[0]:
         assert len(found) >= 10  # the README points into docs/
 
 
@@ -90,8 +109,71 @@ def test_every_quoted_command_names_a_script_and_options_that_exist(page):
     found = commands(page)
     for args in found:
         check_command(args, page)
-    if page.endswith("README.md"):
+    if page == PAGES[0]:
         assert len(found) >= 10
+
+
+def plain(text: str) -> str:
+    """A heading or a quoted name as a reader compares them: no backticks, one space, lower case."""
+    return " ".join(text.replace("`", "").split()).lower()
+
+
+# "X" below / see "X" (above) / below ([X](#anchor)) / [X](#anchor) above: a named section
+NAMED = re.compile(r'(?:see )?"(?P<name>[^"]{3,80})"\)? ?\(?(?P<where>below|above)\b'
+                   r'|see "(?P<seen>[^"]{3,80})"'
+                   r'|(?P<before>below|above) \(?\[[^\]]+\]\(#(?P<a1>[^)]+)\)'
+                   r'|\[[^\]]+\]\(#(?P<a2>[^)]+)\)\)? (?P<after>below|above)\b')
+
+
+def section_pointers(path: str):
+    """(line index, the pointer's text, a heading's name or None, its #anchor or None,
+    'below' / 'above' / None) for each pointer to a named section of the same page."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    for m in NAMED.finditer(text):
+        line = text.count("\n", 0, m.start())
+        name = m.group("name") or m.group("seen")
+        anchor = m.group("a1") or m.group("a2")
+        where = m.group("where") or m.group("before") or m.group("after")
+        yield line, " ".join(m.group(0).split()), name and " ".join(name.split()), anchor, where
+
+
+def pointer_problems(path: str) -> list[str]:
+    """What is wrong with the page's pointers to its own sections: a name no heading begins
+    with, an anchor no heading has, a heading on the other side of the pointer."""
+    problems = []
+    heads = headings(path)
+    for line, said, name, anchor, where in section_pointers(path):
+        if name is not None:
+            found = [i for i, h in heads if plain(h).startswith(plain(name))]
+        else:
+            found = [i for i, h in heads if slug(h) == anchor]
+        if not found:
+            problems.append(f"line {line + 1}: {said!r}: no such heading in this page")
+        elif where == "below" and not any(i > line for i in found):
+            problems.append(f"line {line + 1}: {said!r}: the heading is above, not below")
+        elif where == "above" and not any(i < line for i in found):
+            problems.append(f"line {line + 1}: {said!r}: the heading is below, not above")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_pointer_to_a_named_section_finds_it_where_it_says(page):
+    """"X" below, see "X", [X](#x) above: the page has a heading that begins with X (or has
+    that anchor), on the side the pointer says."""
+    assert not pointer_problems(page), pointer_problems(page)
+
+
+def test_the_pointer_checker_catches_a_wrong_direction_and_a_missing_section(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text('# Top\n\nSee "The end" below, "Top" above, [the end](#the-end-at-last) below.\n'
+                    '"Nowhere" below; "Top" below; [top](#top) below.\n\n## The end at last\n')
+    problems = pointer_problems(str(page))
+    assert len(problems) == 3, problems
+    assert "'\"Nowhere\" below': no such heading" in problems[0]
+    assert "'\"Top\" below': the heading is above" in problems[1]
+    assert "'[top](#top) below': the heading is above" in problems[2]
 
 
 def test_the_checker_catches_a_wrong_option_and_a_missing_script():
@@ -142,6 +224,25 @@ def test_every_file_cited_exists_in_the_repository(page):
         if cited not in paths and not cited.startswith("bench/results/") and "*" not in cited:
             missing.append(cited)
     assert not missing, f"{os.path.relpath(page, ROOT)} cites files the repository does not hold: {missing}"
+
+
+# a doc's section cited from code or from another page: docs/NAME.md, "Section"
+CITED_SECTION = re.compile(r'(?<![\w/])((?:docs/)?[\w-]+\.md)[,:]? \(?"([^"]{3,80})"')
+
+
+@pytest.mark.parametrize("page", CITING, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_section_cited_by_name_in_another_file_exists(page):
+    with open(page, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    missing = []
+    for m in CITED_SECTION.finditer(text):
+        cited, name = m.groups()
+        target = os.path.join(ROOT, cited if cited.startswith("docs/") or cited == "README.md"
+                              else os.path.join("docs", cited))
+        if not os.path.exists(target) or not any(
+                plain(h).startswith(plain(name)) for _, h in headings(target)):
+            missing.append(m.group(0))
+    assert not missing, f"{os.path.relpath(page, ROOT)} cites sections that do not exist: {missing}"
 
 
 def test_the_readmes_benchmark_figures_are_those_in_bench_results():

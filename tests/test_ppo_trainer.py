@@ -130,7 +130,8 @@ def test_the_samplers_logprobs_entropy_and_values_are_the_scoring_passes(shared)
     if shared:
         torch.testing.assert_close(exp.values, values * m, atol=1e-5, rtol=0)
     # with top-k the sampler draws from a filtered distribution, but the log-probs stay those
-    # of the full one, as the scoring pass computes them (README: top-k biases the KL)
+    # of the full one, as the scoring pass computes them (docs/details.md, detail 17:
+    # top-k biases the KL)
     tr.cfg = replace(tr.cfg, top_k=3)
     exp_k, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
     with torch.no_grad():
