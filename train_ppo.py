@@ -116,7 +116,8 @@ class Config:
     reduction: str = opt("auto", "how token losses become one number: token (mean over the "
                                  "minibatch's tokens) | sequence (mean per response, then over "
                                  "responses) | budget (sum per response / --max_new_tokens) | "
-                                 "auto (ppo token, grpo sequence, dr and rloo budget)")
+                                 "auto (ppo token, grpo sequence, dr and rloo budget; with "
+                                 "--ratio sequence, sequence: GSPO's own, the only one it takes)")
     critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
                               "without one) | shared (a value head on the actor, from zero) | "
                               "auto (separate with --reward rm; shared without an RM: a second "
@@ -165,7 +166,8 @@ class Config:
     ratio: str = opt("token", "token (each token's own ratio, clipped per token) | sequence "
                               "(GSPO: one ratio per response, the geometric mean of its "
                               "tokens', clipped per response; grpo and rloo only, with a small "
-                              "--clip_range such as 3e-4)")
+                              "--clip_range such as 3e-4; its loss is a mean over responses, "
+                              "its own --reduction sequence)")
     overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
                                   "--max_new_tokens a response's reward falls linearly, to -1 "
                                   "at the budget (0 = off)")

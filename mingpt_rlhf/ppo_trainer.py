@@ -67,12 +67,15 @@ def resolve_auto_options(cfg):
       user's function);
     - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
     - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
-    - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise.
+    - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
+      sequence with one ratio per response (`ratio == "sequence"`, GSPO), whose loss is a mean
+      over responses whatever the reduction says (the KL in the loss then follows it).
 
     Refuses (ValueError) the std normalisation with the KL in the reward: in a group whose
     scores are all equal the rewards differ only by beta x KL, and dividing by their std
-    would blow that noise up to advantages of +-1."""
+    would blow that noise up to advantages of +-1; and GSPO with another reduction than its own."""
     algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
+    gspo = getattr(cfg, "ratio", "token") == "sequence"
     auto = {}
     if cfg.actor_lr == -1:
         auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") in ("task", "env") else 5e-5
@@ -81,8 +84,12 @@ def resolve_auto_options(cfg):
     if cfg.kl_in == "auto":
         auto["kl_in"] = "loss" if algo == "grpo" and norm == "grpo" else "reward"
     if cfg.reduction == "auto":
-        auto["reduction"] = {"ppo": "token", "reinforce++": "token", "rloo": "budget",
-                             "grpo": "budget" if norm == "dr" else "sequence"}[algo]
+        auto["reduction"] = "sequence" if gspo else {
+            "ppo": "token", "reinforce++": "token", "rloo": "budget",
+            "grpo": "budget" if norm == "dr" else "sequence"}[algo]
+    elif gspo and cfg.reduction != "sequence":
+        raise ValueError(f"--ratio sequence (GSPO) has its own reduction, a mean over responses; "
+                         f"drop --reduction {cfg.reduction} (or pass --reduction sequence)")
     cfg = dataclasses.replace(cfg, **auto) if auto else cfg
     if algo == "grpo" and norm == "grpo" and cfg.kl_in == "reward":
         raise ValueError("--grpo_norm grpo divides by the group's reward std: with the KL in "
@@ -155,7 +162,7 @@ class PPOTrainer:
         self.episodes = episodes
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
-        self.budget = cfg.max_new_tokens  # BREAK9
+        self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
 
     @property
     def sampler_scores(self) -> bool:

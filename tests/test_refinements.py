@@ -7,7 +7,7 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf import cli, ppo_trainer
 from mingpt_rlhf.ppo import policy_loss
 from mingpt_rlhf.ppo import align_and_cat
 from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
@@ -276,7 +276,21 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     (["--tis_cap", "0.5"], "use a cap >= 1"),
     (["--tis_cap", "2", "--env", "guess", "--mask_env", "false"], "environment's tokens have none"),
     (["--sampler_lag", "1", "--env", "guess", "--mask_env", "false"], "need the sampler's"),
+    (["--algo", "grpo", "--ratio", "sequence", "--reduction", "budget"], "has its own reduction"),
+    (["--algo", "rloo", "--ratio", "sequence", "--reduction", "token"], "drop --reduction token"),
 ])
 def test_impossible_refinement_options_exit_2(tmp_path, capsys, argv, words):
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), *argv])
     assert words in line, line
+
+
+@pytest.mark.parametrize("argv", [["--algo", "grpo"], ["--algo", "grpo", "--grpo_norm", "grpo"],
+                                  ["--algo", "rloo"], ["--algo", "grpo", "--reduction", "sequence"]])
+def test_gspo_saves_the_reduction_it_trains_with(argv):
+    """GSPO's loss is a mean over responses, whatever --reduction says: the resolved value the
+    run prints and saves is "sequence", and so is the one the trainer uses (for the KL in the
+    loss too)."""
+    cfg = cli.parse_config(train_ppo.Config, [*argv, "--ratio", "sequence"])
+    train_ppo.check_config(cfg)
+    assert cfg.reduction == "sequence"
+    assert make_trainer(cfg, critic_free=True).reduction == "sequence"
