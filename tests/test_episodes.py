@@ -280,6 +280,25 @@ def test_an_episodes_score_is_its_return_the_sum_of_its_turns_rewards(algo):
     torch.testing.assert_close(exp.advantages, baseline(reward, 4)[:, None] * m, atol=1e-5, rtol=0)
 
 
+def test_dr_grpos_budget_on_episodes_is_every_turns_tokens():
+    """Dr. GRPO sums each response's token losses and divides by the generation budget, a
+    constant: for an episode, every turn's, max_turns (5) x max_new_tokens (3) = 15, which no
+    episode's actions can pass. On the first minibatch (ratio 1) the policy loss is then
+    mean_i(-A_i x n_i) / 15 for episodes of n_i actions; one turn's budget (3) gives 5 times it."""
+    trainer = trainer_on_episodes("grpo")
+    assert trainer.reduction == "budget" and trainer.budget == 15
+    exp, _, _ = trainer.play([1_000_000 + i // 4 for i in range(8)], torch.Generator().manual_seed(0))
+    n = exp.action_mask.sum(-1)
+    assert n.max() <= 15 and n.max() > 3  # episodes of more than one turn
+    A = exp.advantages.sum(-1) / n                                        # (B,) one per episode
+    want = (-A * n).mean().item() / 15
+    assert abs(want) > 1e-3
+    trainer.buffer.add(exp)
+    stats = trainer.learn(torch.Generator().manual_seed(0))
+    assert stats["minibatch_steps"] == 1
+    assert stats["pg_loss"] == pytest.approx(want, rel=1e-4, abs=1e-7)
+
+
 def _rows_of_minibatch(exp, trainer):
     """The order of the rows of the (single, shuffled) minibatch of `learn`, recovered by
     drawing the permutation again with the same generator."""
