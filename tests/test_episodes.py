@@ -3,6 +3,7 @@ every loss, SFT on transcripts, the built-in guessing game, and the --env paths 
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +22,7 @@ from mingpt_rlhf.data import IGNORE, SFTData, Transcript, encode_transcript, loa
 from mingpt_rlhf.env_guess import (GuessNumber, optimal_turns, parse_guess, teacher_episode,
                                    teacher_success, teacher_turns, where_in_interval)
 from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, play_episodes
+from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.logprobs import sequence_logprobs
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.ppo import FixedKLController, gae
@@ -299,6 +301,25 @@ def test_dr_grpos_budget_on_episodes_is_every_turns_tokens():
     assert stats["pg_loss"] == pytest.approx(want, rel=1e-4, abs=1e-7)
 
 
+def test_unmasked_environment_tokens_get_the_learners_logprobs_not_the_samplers():
+    """With --mask_env false the environment's tokens count as actions, but the sampler never
+    drew them and has no log-prob for them: the stored old log-probs of every token, the
+    replies' included, are a full forward pass's (nonzero), so the first minibatch's ratio is
+    1 on all of them (approx-KL 0 to rounding), as with the mask."""
+    trainer = trainer_on_episodes("grpo", mask_env=False)
+    assert trainer.sampler_scores  # float32, no lag: the sampler's log-probs would be reused
+    exp, _, ep = trainer.play([1_000_000 + i // 4 for i in range(8)], torch.Generator().manual_seed(0))
+    T = ep.prompt_len
+    env_tokens = (ep.attention_mask[:, T:] == 1) & (ep.action_mask[:, T:] == 0)
+    assert env_tokens.any() and torch.equal(exp.action_mask.bool(), ep.attention_mask[:, T:].bool())
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(trainer.actor, ep.sequences, ep.attention_mask, T, suppress=0)
+    torch.testing.assert_close(exp.logprobs, lp * exp.action_mask, atol=1e-5, rtol=0)
+    assert (exp.logprobs[env_tokens] < -1e-3).all()
+    trainer.buffer.add(exp)
+    assert abs(trainer.learn(torch.Generator().manual_seed(0))["approx_kl"]) < 1e-6
+
+
 def _rows_of_minibatch(exp, trainer):
     """The order of the rows of the (single, shuffled) minibatch of `learn`, recovered by
     drawing the permutation again with the same generator."""
@@ -535,6 +556,40 @@ def test_a_broken_environment_stops_with_one_line(guess_sft, tmp_path, capsys, n
                                          "--out_dir", tmp_path / "run", "--max_new_tokens", "3",
                                          "--max_iters", "2", "--eval_prompts", "4"])
     assert words in line, line
+
+
+def env_rewarding(reward):
+    """An environment whose every step gives `reward`."""
+    class E:
+        def reset(self, seed):
+            return "guess"
+
+        def step(self, action):
+            return "higher", reward, False
+    env = episodes.Env(E, "e.py:E", seed=3)
+    env.reset()
+    return env
+
+
+@pytest.mark.parametrize("reward,expected", [
+    (np.float32(0.5), 0.5), (np.float64(-2.0), -2.0), (torch.tensor(0.25), 0.25), (3, 3.0),
+    (np.int64(-1), -1.0), (1.5, 1.5)])
+def test_an_environments_reward_may_be_any_real_number(reward, expected):
+    """As a reward function's scores (rewards.py): numpy's numbers and 0-d tensors are taken."""
+    _, got, _ = env_rewarding(reward).step("7")
+    assert got == expected and type(got) is float
+
+
+@pytest.mark.parametrize("reward,words", [
+    (True, "is a bool"), (np.bool_(False), "is a bool ("), ("1.0", "is a str"),
+    (float("nan"), "is a float nan"), (np.float32("inf"), "is a float32 inf"),
+    (1e39, "inf in float32"), (None, "is a NoneType")])
+def test_an_environments_reward_that_is_no_finite_number_is_refused_naming_its_type(reward, words):
+    with pytest.raises(UserError) as e:
+        env_rewarding(reward).step("7")
+    line = str(e.value)
+    assert words in line and "environment e.py:E: step's reward" in line, line
+    assert "(episode seed 3, turn 1)" in line, line
 
 
 @pytest.mark.parametrize("spec,words", [("nope.py:E", "no file nope.py"), ("os:Nope", "has no 'Nope'"),
