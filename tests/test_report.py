@@ -88,6 +88,29 @@ def test_critic_free_records_a_group_per_prompt_with_its_advantages(tmp_path, al
         torch.testing.assert_close(advantages, by_hand, atol=2e-3, rtol=2e-3)
 
 
+def test_a_recorded_group_is_scored_with_its_own_prompts_fields(tmp_path):
+    """The prompts file's other fields ride with each prompt into the group sampled for the
+    record: prompt p's k responses are scored with field p (rows [p0 x k, p1 x k, ...]), not
+    with the fields tiled over the groups ([p0, p1, p2, p0, ...]). A reward that returns the
+    field tells them apart: every recorded line's score is its own prompt's field."""
+    def by_field(sequences, attention_mask, action_mask, bonus):
+        return torch.tensor(bonus, dtype=torch.float)
+    # no EOS: every response is complete, so no score is replaced by the missing-EOS penalty
+    trainer = build_trainer(ppo_config(algo="grpo"), critic=None, reward=by_field, eos_id=None)
+    ids, mask = random_prompts(6)
+    bonus = [0.5, -1.5, 2.0, 1.0, 0.0, -0.5]
+    exp, _ = trainer.make_experience(ids, mask, torch.Generator().manual_seed(0), for_update=False,
+                                     fields={"bonus": bonus})
+    RolloutRecorder(str(tmp_path), 3, TOKENIZER).record(trainer, 0, exp, fields={"bonus": bonus})
+    lines = recorded(tmp_path)
+    k = trainer.cfg.group_size
+    assert [r["prompt_index"] for r in lines] == [p for p in range(3) for _ in range(k)]
+    for r in lines:
+        p = r["prompt_index"]
+        prompt = TOKENIZER.decode([t for t, m in zip(ids[p].tolist(), mask[p].tolist()) if m])
+        assert (r["prompt"], r["score"]) == (prompt, bonus[p]), (p, r["prompt"], r["score"])
+
+
 class Bytes:
     """A byte-level tokenizer: one id per byte, so a character can span two tokens."""
 
