@@ -179,6 +179,10 @@ def curves_of(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     gold0, proxy0 = evals[0]["gold"], evals[0]["rm_score"]
 
     def point(r):
+        # the logged KL is a batch mean of each response's k1 = sum of log pi - log pi_sft: its
+        # expectation is the KL (>= 0), but one batch's mean can read slightly below 0 while the
+        # policy is still near the SFT policy (-0.031 to -0.0005 at iterations 2-3 of some runs
+        # here); d counts such a point as 0, and "kl" keeps the value as measured
         return {"step": r["step"], "d": math.sqrt(max(r["kl"], 0.0)), "kl": r["kl"],
                 "gold": r["gold"] - gold0, "proxy": r["rm_score"] - proxy0}
     return [point(r) for r in evals], [point(r) for r in trains]

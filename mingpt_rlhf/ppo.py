@@ -233,8 +233,14 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
 
 
 def value_loss(values, old_values, returns, action_mask, clip_range: float = 0.2, tokens=None):
-    """Clipped value loss: the critic may not move more than clip_range from its old values.
-    A mean over real tokens (`tokens`: see `distributed.tokens_per_rank`)."""
+    """Clipped value loss, a mean over real tokens (`tokens`: see `distributed.tokens_per_rank`).
+
+    Not a bound on how far a value moves: the max keeps the larger of the two squared errors,
+    and the clipped one is flat in `values` once they are more than clip_range from
+    `old_values`. So a value that has moved more than clip_range in the direction that shrinks
+    its error gets no more push from this loss, while one whose unclipped error is the larger
+    (it moved away from its return) keeps that error's gradient; and shared weights can carry
+    any value further. PPO's policy clip works the same way on the ratio."""
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     loss = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
     return 0.5 * masked_mean(loss, action_mask, tokens=tokens)

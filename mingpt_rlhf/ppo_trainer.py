@@ -23,6 +23,13 @@ The same `temperature` divides the logits when sampling and when computing log-p
 PAD is excluded from both, or the stored log-probs would not be those of the policy that
 sampled ("negative KL").
 
+In float32 the sampler's own log-probs of the tokens it drew (and a shared critic's values) are
+kept as the old policy's: a second pass of the actor over the finished sequences would give the
+same numbers to rounding, so make_experience skips it (not with `sampler_lag`, whose sampler is
+an older copy of the actor). Under autocast the sampler's cached steps and a full pass round
+apart by low-precision noise, so there a scoring pass computes them, the same pass the
+reference takes (docs/methods.md, "Why the ratio is still right").
+
 With LoRA (`lora.py`) the reference is not a model of its own: it is the actor with its
 adapters switched off (`ref=None`). Log-probs come from `logprobs.py`, which applies the
 output layer to response positions only, in chunks, in float32.
