@@ -116,8 +116,10 @@ class Config:
     reduction: str = opt("auto", "how token losses become one number: token (mean over the "
                                  "minibatch's tokens) | sequence (mean per response, then over "
                                  "responses) | budget (sum per response / --max_new_tokens) | "
-                                 "auto (ppo token, grpo sequence, dr and rloo budget; with "
-                                 "--ratio sequence, sequence: GSPO's own, the only one it takes)")
+                                 "auto = ppo: token, reinforce++: token, rloo: budget, grpo: "
+                                 "budget (--grpo_norm dr, the default) or sequence (--grpo_norm "
+                                 "grpo); with --ratio sequence always sequence, GSPO's own, the "
+                                 "only one it takes")
     critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
                               "without one) | shared (a value head on the actor, from zero) | "
                               "auto (separate with --reward rm; shared without an RM: a second "
@@ -140,7 +142,8 @@ class Config:
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
-                        "log-probs are of the full distribution, so filtering inflates the KL")
+                        "log-probs are of the full distribution, so filtering biases the KL "
+                        "(docs/details.md, detail 17)")
     top_p: float = opt(1.0, "nucleus sampling (1 = off); like --top_k, biases the KL if used")
     actor_lr: float = opt(-1.0, "actor learning rate, decayed linearly to 0 (-1 = auto: 1e-4 with "
                                 "--reward task or --env, 5e-5 otherwise, a reward model or your "
@@ -152,7 +155,9 @@ class Config:
                                   "--kl_target (false: beta stays --kl_coef)")
     kl_target: float = opt(3.0, "target KL to the SFT policy in nats per response: the sum over "
                                 "the response's tokens of log pi(a) - log pi_sft(a), averaged "
-                                "over the rollout batch")
+                                "over the rollout batch (the logged kl), which the adaptive beta "
+                                "steers towards. Not --target_kl, the early stop on approx-KL "
+                                "between the policy before and during an update")
     kl_horizon: float = opt(10.0, "adaptive KL speed, in iterations: each iteration, log beta "
                                   "moves by log(KL / target) / horizon, clipped so that beta rises "
                                   "at most x e^(1/horizon) (x1.105 at 10) and falls at most "
@@ -192,7 +197,9 @@ class Config:
                                  "pulls the policy back to them")
     target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "
                                  "sampling policy passes this (0 = off); guards against the "
-                                 "sudden KL spikes in docs/results.md")
+                                 "sudden KL spikes in docs/results.md. Not --kl_target: this is "
+                                 "per token, between the policy that sampled and the one "
+                                 "learning (k3), not per response to the SFT policy")
     reward_clip: float = opt(5.0, "clip the reward model's (normalised) scores to +-this (0 = "
                                   "off); rewards from code (--reward task or a function) are "
                                   "used as returned")

@@ -338,3 +338,162 @@ def test_the_readmes_overoptimization_line_is_bench_overoptimization_json():
     ratios = [float(row.split(" | ")[-1].rstrip("x |")) for row in rows]
     assert len(ratios) == 3
     assert f"the default PPO run spends {min(ratios):.1f}-{max(ratios):.1f}x the KL" in text
+
+
+# ----------------------------------------------------------------------------- figures quoted twice
+def page_text(*path: str) -> str:
+    """A file of the repository with its whitespace runs made single spaces (lines rewrap)."""
+    with open(os.path.join(ROOT, *path), encoding="utf-8") as f:
+        return " ".join(f.read().split())
+
+
+def bench_json(name: str) -> dict:
+    import json
+    with open(os.path.join(ROOT, "bench", "results", name)) as f:
+        return json.load(f)
+
+
+def near(quoted: str, value: float) -> bool:
+    """`quoted` is `value` rounded to the digits it shows (either way at an exact half)."""
+    digits = len(quoted.partition(".")[2])
+    return abs(float(quoted) - value) <= 0.5 * 10 ** -digits + 1e-9
+
+
+def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_json():
+    """results.md's table of methods holds the JSON's figures, and each row the README repeats
+    (gold +- standard error, KL) is written the same in both."""
+    summary = bench_json("algorithms.json")["summary"]
+    rows = {"PPO (`train_ppo.py`)": "ppo", "GRPO (`--algo grpo`)": "grpo",
+            "RLOO (`--algo rloo`)": "rloo", "DPO (`train_dpo.py`)": "dpo",
+            "best-of-16 (SFT policy)": "best_of_16", "best-of-4": "best_of_4",
+            "best-of-1 (the SFT policy)": "best_of_1",
+            "GRPO, the paper's std normalisation": "grpo_std_kl_reward",
+            "GRPO, the paper's KL in the loss": "dr_grpo_kl_loss",
+            "GRPO as published (both)": "grpo_std_kl_loss"}
+    readme_rows = {"ppo": "| [PPO]", "grpo": "| [GRPO]", "rloo": "| [RLOO]", "dpo": "| [DPO]",
+                   "best_of_16": "| [best-of-16]", "best_of_1": "| [the SFT policy]"}
+
+    def cells_of(path, width):
+        with open(path, encoding="utf-8") as f:
+            return [[c.strip().strip("*") for c in line.strip("|").split(" | ")]
+                    for line in f.read().splitlines()
+                    if line.startswith("| ") and line.count(" | ") == width - 1]
+    results = cells_of(os.path.join(ROOT, "docs", "results.md"), 8)
+    readme = {tuple(c) for c in cells_of(os.path.join(ROOT, "README.md"), 4)}
+    for label, key in rows.items():
+        row = next(c for c in results if c[0].startswith(label))
+        s = summary[key]
+        gold, _, stderr = row[1].partition(" +- ")
+        assert near(gold, s["gold"]) and near(stderr, s["gold_stderr"]), (label, row[1])
+        kl = row[3].removeprefix("<= ")
+        assert near(kl, s["kl"]), (label, row[3])
+        if key in readme_rows:
+            again = next(c for c in readme if ("| " + c[0]).startswith(readme_rows[key]))
+            assert (again[1], again[2]) == (row[1], row[3]), (label, again, row)
+    assert set(rows.values()) == set(summary)
+
+
+def test_the_run_reports_size_is_report_cost_json_in_both_places():
+    runs = bench_json("report_cost.json")["summary"]
+    for algo in ("ppo", "grpo"):
+        rollouts, report = f"{runs[algo]['rollouts_mb']:.2f} MB", f"{runs[algo]['report_mb']:.2f} MB"
+        speed = page_text("docs", "speed.md")
+        assert f"| {rollouts} | {report} |" in speed, (algo, rollouts, report)
+    scripts = page_text("docs", "scripts.md")
+    ppo, grpo = runs["ppo"], runs["grpo"]
+    assert (f"the default PPO run's is {ppo['rollouts_mb']:.2f} MB and its report.html "
+            f"{ppo['report_mb']:.2f} MB, GRPO's {grpo['rollouts_mb']:.2f} MB and "
+            f"{grpo['report_mb']:.2f} MB") in scripts
+
+
+def test_the_shared_critics_cost_is_both_measurements_in_one_place():
+    """`critic_from_zero` of bench/details.py is `--critic shared`, as is
+    ppo_critic_choice.json's run: details.md gives the verdict with both; speed.md quotes its
+    own measurement and points there."""
+    details = bench_json("details.json")["summary"]
+    assert bench_module_details()["critic_from_zero"][1] == {"critic": "shared"}
+    choice = bench_json("ppo_critic_choice.json")["summary"]
+    shared, separate = choice["shared"]["gold"]["mean"], choice["separate"]["gold"]["mean"]
+    cost = details["baseline"]["gold"]["mean"] - details["critic_from_zero"]["gold"]["mean"]
+    text = page_text("docs", "details.md")
+    assert f"**A critic started from zero (`--critic shared`) costs {cost:.2f}**" in text
+    assert f"gold {shared:.3f} against {separate:.3f}, also below in every seed" in text
+    assert f"({cost:.2f} or {separate - shared:.2f})" in text
+    assert f"(means {shared:.3f} and {separate:.3f})" in page_text("docs", "speed.md")
+
+
+def bench_module_details() -> dict:
+    from conftest import bench_module
+    return bench_module("details").DETAILS
+
+
+def test_the_negative_kl_quoted_is_overoptimization_json():
+    """troubleshooting.md, overoptimization.md and the bench's comment quote the most negative
+    logged KL of the bench's runs and the iterations where KL read below 0."""
+    negative = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("kl"), float) and "step" in node and node["kl"] < 0:
+                negative.append((node["step"], node["kl"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+    walk(bench_json("overoptimization.json"))
+    low, high = min(kl for _, kl in negative), max(kl for _, kl in negative)
+    steps = sorted({step for step, _ in negative})
+    assert steps == [2, 3], steps
+    trouble = page_text("docs", "troubleshooting.md")
+    assert f"between {low:.3f} and {high:.4f} nats at iterations 2 and 3" in trouble
+    assert f"{-low:.3f} nats below at most, at iterations 2-3" in page_text("docs", "overoptimization.md")
+    assert f"({low:.3f} to {high:.4f} at iterations 2-3" in page_text("bench", "overoptimization.py")
+
+
+def test_a_demonstrations_length_is_quoted_alike_and_true():
+    """methods.md and tokenizer.py give a demonstration's length in word tokens and in
+    characters (EOS counted as one of each), measured on the built-in task's SFT data."""
+    import statistics
+    from mingpt_rlhf.tasks import get_task
+    task = get_task("reviews")
+    tok = task.tokenizer()
+    texts = [f"{p} {r}" for p, r in task.sft_examples("train")]
+    tokens = [len(tok.encode(t)) + 1 for t in texts]
+    chars = [len(t) + 1 for t in texts]
+    said = (f"is {min(tokens)}-{max(tokens)} tokens ({statistics.median(tokens):.0f} at the median) "
+            f"instead of {min(chars)}-{max(chars)} characters ({statistics.median(chars):.0f})")
+    assert said in page_text("docs", "methods.md"), said
+    assert said in page_text("mingpt_rlhf", "tokenizer.py"), said
+
+
+def test_the_reduction_help_says_what_auto_resolves_to():
+    """--reduction's help (and scripts.md's row) name, for every --algo, what "auto" becomes in
+    resolve_auto_options, the function the trainer applies."""
+    import dataclasses
+    import train_ppo
+    from mingpt_rlhf.ppo_trainer import resolve_auto_options
+    field = next(f for f in dataclasses.fields(train_ppo.Config) if f.name == "reduction")
+    help_text = " ".join(field.metadata["help"].split())
+
+    def auto(**kw):
+        return resolve_auto_options(train_ppo.Config(**kw)).reduction
+    for algo in ("ppo", "reinforce++", "rloo"):
+        assert f"{algo}: {auto(algo=algo)}," in help_text, algo
+    assert (f"grpo: {auto(algo='grpo', grpo_norm='dr')} (--grpo_norm dr, the default) or "
+            f"{auto(algo='grpo', grpo_norm='grpo')} (--grpo_norm grpo)") in help_text
+    assert f"with --ratio sequence always {auto(algo='grpo', ratio='sequence')}" in help_text
+    row = next(line for line in page_text("docs", "scripts.md").split("| `--") if line.startswith("reduction`"))
+    assert (f"auto: {auto(algo='ppo')} for ppo and reinforce++, {auto(algo='rloo')} for rloo and for "
+            f"grpo with `--grpo_norm dr` (the default), {auto(algo='grpo', grpo_norm='grpo')} for "
+            f"grpo with `--grpo_norm grpo`") in row
+
+
+def test_the_two_kl_options_say_they_are_not_each_other():
+    """--kl_target (the reward's KL to the SFT policy) and --target_kl (approx-KL within an
+    update) differ by word order only: each one's help names the other."""
+    import dataclasses
+    import train_ppo
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(train_ppo.Config)}
+    assert "Not --target_kl" in helps["kl_target"] and "Not --kl_target" in helps["target_kl"]
+    assert "## Two KLs, with near-identical option names" in page_text("docs", "details.md")
