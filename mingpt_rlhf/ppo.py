@@ -8,8 +8,9 @@ generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 af
    t + 1, so the response tokens (columns T..T+N-1 of the sequence) are scored by the logits
    at columns T-1..T+N-2. Getting this shift wrong is the classic RLHF bug.
 2. `kl_shaped_rewards`: r_t = -beta * (logp_t - ref_logp_t) on every response token (the k1
-   estimate of KL to the reference policy), plus the reward model's score on the last real
-   token (Ziegler et al. 2019; InstructGPT).
+   estimate of KL to the reference policy: one token's, or one response's sum, can be
+   negative; only its expectation under the policy is the KL, >= 0), plus the reward model's
+   score on the last real token (Ziegler et al. 2019; InstructGPT).
 3. `gae`: generalised advantage estimation (Schulman et al. 2016), a reversed loop:
    delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1},
    with V and A equal to 0 past the last real token; returns = A + V. In a multi-turn
