@@ -188,7 +188,9 @@ class Config:
                               "earlier, as an asynchronous trainer's sampler runs behind its "
                               "learner: the rollouts are then off-policy (what --tis_cap "
                               "corrects); the logs show the gap as mismatch_kl")
-    clip_range_value: float = opt(0.2, "value clip range around the old values")
+    clip_range_value: float = opt(0.2, "value clip range around the old values: past it the "
+                                       "value loss stops pushing a value further towards its "
+                                       "return (it does not bound how far a value moves)")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
     ptx_coef: float = opt(-1.0, "weight of the LM loss on demonstrations (0 = off; -1 = auto: "
