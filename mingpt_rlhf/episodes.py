@@ -57,7 +57,6 @@ Try it:  python sample.py --ckpt_dir out/guess/sft --env guess   (after docs/mul
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +65,7 @@ from .data import left_pad
 from .errors import UserError
 from .logprobs import tempered_logprobs
 from .model import position_ids_from_mask
+from .rewards import load_function, real_number
 from .sampling import GenerationOutput, next_token_logits, sample_next
 
 HELD_OUT_SEEDS = 1_000_000  # eval episodes use seeds below this, training episodes at or above
@@ -87,7 +87,6 @@ def load_env(spec: str):
         raise UserError(f"--env {spec!r} is not a built-in environment ({', '.join(builtin)}), "
                         f"FILE.py:CLASS or MODULE:CLASS")
     else:
-        from .rewards import load_function
         env_class, name = load_function(spec, flag="--env", kind="CLASS")
     try:
         env = env_class()
@@ -160,14 +159,11 @@ class Env:
         if not isinstance(reply, str):
             raise UserError(f"environment {self.name}: step's reply is a "
                             f"{type(reply).__name__}, not a str {where}")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) \
-                or not math.isfinite(reward):
-            raise UserError(f"environment {self.name}: step's reward {reward!r} is not a finite "
-                            f"number {where}")
+        reward = real_number(reward, f"environment {self.name}: step's reward {where}")
         if not isinstance(done, bool):
             raise UserError(f"environment {self.name}: step's done is a {type(done).__name__}, "
                             f"not a bool {where}")
-        return reply, float(reward), done
+        return reply, reward, done
 
     def encode(self, tokenizer, text: str, what: str) -> list[int]:
         """The ids of an opening or a reply, refused when empty or when the tokenizer cannot

@@ -42,6 +42,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import math
 import numbers
 import os
 import sys
@@ -117,22 +118,24 @@ def check_scores(scores, n: int, where: str) -> list[float]:
     if len(scores) != n:
         raise UserError(f"{where} returned {len(scores)} scores for {n} responses; return one "
                         f"float per response, in order")
-    out = []
-    for i, s in enumerate(scores):
-        if isinstance(s, torch.Tensor) and s.numel() == 1:
-            s = s.item()  # a 0-d tensor
-        # bools are refused: numpy's bool_ is no numbers.Real, Python's bool is an int
-        if isinstance(s, bool) or not isinstance(s, numbers.Real):
-            raise UserError(f"{where}: score {i} is a {type(s).__name__} ({s!r}); return numbers")
-        out.append(float(s))
+    return [real_number(s, f"{where}: score {i}") for i, s in enumerate(scores)]
+
+
+def real_number(value, what: str) -> float:
+    """`value` as a float (rounded to float32), or a UserError naming `what`, the value and its
+    type. Taken: any real number, Python's, numpy's or a 0-d tensor, finite in float32. Used
+    for a function's scores and an environment's rewards (episodes.py)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()  # a 0-d tensor
+    # bools are refused: numpy's bool_ is no numbers.Real, Python's bool is an int
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UserError(f"{what} is a {type(value).__name__} ({value!r}); return a number")
     # finite after the cast to the float32 the run computes in: 1e39 is inf there
-    as_float32 = torch.tensor(out, dtype=torch.float32)
-    bad = (~torch.isfinite(as_float32)).nonzero()
-    if len(bad):
-        i = bad[0].item()
-        raise UserError(f"{where}: score {i} is {out[i]} ({as_float32[i].item()} in float32); "
-                        f"return finite numbers (no NaN or inf, |score| < 3.4e38)")
-    return as_float32.tolist()
+    as_float32 = torch.tensor(float(value), dtype=torch.float32).item()
+    if not math.isfinite(as_float32):
+        raise UserError(f"{what} is a {type(value).__name__} {float(value)} ({as_float32} in "
+                        f"float32); return a finite number (no NaN or inf, |x| < 3.4e38)")
+    return as_float32
 
 
 def fields_taken(function) -> set | None:
