@@ -47,9 +47,16 @@ def anchors(path: str) -> set:
     return out
 
 
+def prose(text: str) -> str:
+    """The page as a reader follows it: code blocks out (their line breaks kept), and inline
+    code that shows a link's or a pointer's syntax (`[X](#x)`, `"X" below`) made inert."""
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    return re.sub(r"`[^`\n]*(?:\]\(|\")[^`\n]*`", "code", text)
+
+
 def links(path: str):
     with open(path, encoding="utf-8") as f:
-        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+        text = prose(f.read())
     for m in re.finditer(r"\]\(([^)\s]+)\)", text):
         target = m.group(1)
         if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
@@ -129,8 +136,7 @@ def section_pointers(path: str):
     """(line index, the pointer's text, a heading's name or None, its #anchor or None,
     'below' / 'above' / None) for each pointer to a named section of the same page."""
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+        text = prose(f.read())
     for m in NAMED.finditer(text):
         line = text.count("\n", 0, m.start())
         name = m.group("name") or m.group("seen")
@@ -168,7 +174,9 @@ def test_every_pointer_to_a_named_section_finds_it_where_it_says(page):
 def test_the_pointer_checker_catches_a_wrong_direction_and_a_missing_section(tmp_path):
     page = tmp_path / "page.md"
     page.write_text('# Top\n\nSee "The end" below, "Top" above, [the end](#the-end-at-last) below.\n'
-                    '"Nowhere" below; "Top" below; [top](#top) below.\n\n## The end at last\n')
+                    '"Nowhere" below; "Top" below; [top](#top) below.\n'
+                    'Syntax shown as code is no pointer: `[x](#x) above`, `"X" below`.\n'
+                    '\n## The end at last\n')
     problems = pointer_problems(str(page))
     assert len(problems) == 3, problems
     assert "'\"Nowhere\" below': no such heading" in problems[0]
