@@ -348,6 +348,29 @@ def test_the_readmes_overoptimization_line_is_bench_overoptimization_json():
     assert f"the default PPO run spends {min(ratios):.1f}-{max(ratios):.1f}x the KL" in text
 
 
+@pytest.mark.parametrize("page", [p for p in PAGES if "peers" not in p],  # peers: trl's names
+                         ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_function_and_test_a_page_names_exists(page):
+    """`ppo.value_loss`, `heads.Critic.load_trunk_and_head`, `test_ppo.py::test_...`: a reader
+    who looks one up finds it."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    missing = []
+    for m in re.finditer(r"`([a-z_]+)\.([A-Za-z_]+)(?:\.([A-Za-z_]+))?`", text):
+        module, name, attr = m.groups()
+        if name in ("py", "jsonl", "js", "css", "json", "safetensors", "md") or \
+                not os.path.exists(os.path.join(ROOT, "mingpt_rlhf", f"{module}.py")):
+            continue
+        found = getattr(importlib.import_module(f"mingpt_rlhf.{module}"), name, None)
+        if found is None or (attr and getattr(found, attr, None) is None):
+            missing.append(m.group(0))
+    for m in re.finditer(r"`(test_\w+)\.py::(test_\w+)`", text):
+        path = os.path.join(ROOT, "tests", f"{m.group(1)}.py")
+        if not os.path.exists(path) or f"def {m.group(2)}(" not in page_text("tests", f"{m.group(1)}.py"):
+            missing.append(m.group(0))
+    assert not missing, f"{os.path.relpath(page, ROOT)} names what does not exist: {missing}"
+
+
 # ----------------------------------------------------------------------------- figures quoted twice
 def page_text(*path: str) -> str:
     """A file of the repository with its whitespace runs made single spaces (lines rewrap)."""
