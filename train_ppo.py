@@ -139,7 +139,8 @@ class Config:
     score_batch_size: int = opt(0, "rows per forward pass when scoring a rollout (actor, "
                                    "reference, critic, RM; no gradients), per process (0 = "
                                    "--minibatch_size, the whole minibatch's, not its share)")
-    max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty")
+    max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty "
+                                  "(unless --penalize_missing_eos false)")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
     top_k: int = opt(0, "sample from the k best tokens only (0 = off). Off by default: PPO's "
                         "log-probs are of the full distribution, so filtering biases the KL "
@@ -205,7 +206,13 @@ class Config:
     reward_clip: float = opt(5.0, "clip the reward model's (normalised) scores to +-this (0 = "
                                   "off); rewards from code (--reward task or a function) are "
                                   "used as returned")
-    missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS")
+    missing_eos_penalty: float = opt(-1.0, "score of a response that ends without EOS (cut off "
+                                           "at --max_new_tokens), instead of its own")
+    penalize_missing_eos: bool = opt(True, "replace a cut-off response's score by "
+                                           "--missing_eos_penalty (false: keep the reward "
+                                           "model's or the function's score, for a task "
+                                           "without EOS, such as continuing a text for "
+                                           "--max_new_tokens tokens)")
     grad_clip: float = opt(1.0, "clip gradient norms to this (0 = off)")
     eval_interval: int = opt(20, "iterations between evaluations and checkpoints")
     eval_prompts: int = opt(200, "held-out prompts sampled at each eval (with --env: held-out "
@@ -269,6 +276,9 @@ def check_config(cfg: Config):
     if cfg.overlong_buffer and cfg.env:
         raise UserError("--overlong_buffer shapes single responses; with --env the "
                         "environment's rewards are used as they are")
+    if cfg.overlong_buffer and not cfg.penalize_missing_eos:
+        raise UserError("--overlong_buffer is a ramp before the missing-EOS penalty's cliff, "
+                        "which --penalize_missing_eos false removes; drop one of them")
     if cfg.kl_in not in ("auto", "reward", "loss"):
         raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
     if cfg.reduction not in ("auto", "token", "sequence", "budget"):
@@ -654,6 +664,7 @@ def main(cfg: Config) -> dict:
     # ---- loop
     if step == 0 and is_main():
         initial = evaluate(0)
+    first_step = step  # this process's first iteration, resumed or not (the missing-EOS warning)
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc=cfg.algo,
                dynamic_ncols=True, disable=not is_main())
     for step in bar:
@@ -677,6 +688,14 @@ def main(cfg: Config) -> dict:
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
             stats["gold"] = mean_over_ranks({"gold": sum(golds) / len(golds)})["gold"]
         log.log(step + 1, **stats)
+        if step == first_step and is_main() and not cfg.env and cfg.penalize_missing_eos \
+                and stats["eos_rate"] < 0.1:
+            tqdm.write(f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
+                       f"--max_new_tokens {cfg.max_new_tokens} without EOS, and their scores "
+                       f"replaced by --missing_eos_penalty {cfg.missing_eos_penalty:g}: the "
+                       f"run learns from the penalty, not the reward. For a task without EOS "
+                       f"(a text continued for a fixed length) pass --penalize_missing_eos "
+                       f"false; else raise --max_new_tokens")
         kl_high += stats["kl"] > 2 * cfg.kl_target
         if kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
             tqdm.write(f"warning: the KL to the SFT policy has been above twice --kl_target "

@@ -312,8 +312,10 @@ class PPOTrainer:
         else:
             ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
         # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
-        # opinion of a half-written text
-        scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
+        # opinion of a half-written text; off for a task with no EOS to miss (a text continued
+        # for a fixed length): every score would be the penalty, every advantage 0
+        if getattr(cfg, "penalize_missing_eos", True):
+            scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
         if getattr(cfg, "overlong_buffer", 0) > 0:  # DAPO's ramp before that cliff
             scores = scores + torch.where(ended, overlong_penalty(
                 action_mask.sum(-1), cfg.max_new_tokens, cfg.overlong_buffer), 0.0)

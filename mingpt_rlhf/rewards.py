@@ -29,7 +29,8 @@ stop the run with one line naming the function and the batch (exit status 2), an
 exception raised inside the function; the last checkpoint stays as it was. The function runs
 outside the policy's autocast: a torch scorer of yours computes in its own dtype (float32
 unless it says otherwise). A response that ends without EOS still gets --missing_eos_penalty
-instead of the function's opinion, as with the reward model (ppo_trainer.py).
+instead of the function's opinion, as with the reward model (ppo_trainer.py), unless
+--penalize_missing_eos false keeps it (a task whose responses have no EOS).
 
 Clipping (`--reward_clip`) is for the reward model's scores only: they are normalised to mean
 0 and std 1, so +-5 only cuts outliers. A function's scores are used as returned (their scale

@@ -35,6 +35,7 @@ class Cfg:
     target_kl: float = 0.0
     reward_clip: float = 5.0
     missing_eos_penalty: float = -1.0
+    penalize_missing_eos: bool = True
     grad_clip: float = 1.0
     ppo_epochs: int = 4
     minibatch_size: int = 8
@@ -426,3 +427,24 @@ def test_reinforce_pp_discounts_its_returns_by_gamma():
         advantages[gamma], rewards[gamma] = exp.advantages, exp.rewards
     assert torch.equal(rewards[1.0], rewards[0.5])  # the same rollout
     assert (advantages[1.0] - advantages[0.5]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("penalize", [True, False])
+def test_a_cut_off_responses_score_reaches_its_advantage_unless_penalized(penalize):
+    """Dr. GRPO with the KL in the loss: a response's advantage is its score minus its group's
+    mean. A response cut off at max_new_tokens (no EOS) scores --missing_eos_penalty; with
+    --penalize_missing_eos false it keeps the reward's score, here the row's index."""
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, kl_in="loss", reward_clip=0.0,
+                          penalize_missing_eos=penalize), critic_free=True)
+    tr.reward_fn = lambda seqs, *a, **k: torch.arange(len(seqs), dtype=torch.float)
+    ids, mask = prompts(4)
+    exp, stats = tr.make_experience(ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0),
+                                    torch.Generator().manual_seed(0))
+    m = exp.action_mask
+    ended = ((exp.sequences[:, exp.prompt_len:] == EOS) & m.bool()).any(-1)
+    assert 0 < ended.sum() < len(ended)  # some cut off, some not
+    raw = torch.arange(16, dtype=torch.float)
+    scores = torch.where(ended, raw, -1.0) if penalize else raw
+    torch.testing.assert_close(exp.scores, scores)
+    advantages = scores.view(4, 4) - scores.view(4, 4).mean(-1, keepdim=True)
+    torch.testing.assert_close(exp.advantages, advantages.view(-1, 1) * m)

@@ -276,6 +276,7 @@ def test_malformed_preference_line_exits_2(stages, tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["train_ppo.py", "--top_k", "-3"], "--top_k"),
     (["train_ppo.py", "--critic", "both"], "--critic"),
+    (["train_ppo.py", "--overlong_buffer", "4", "--penalize_missing_eos", "false"], "drop one"),
     (["train_sft.py", "--max_iters", "ten"], "--max_iters"),
     (["train_sft.py", "--no_such_option", "1"], "no_such_option"),
     (["train_rm.py", "--sft_dir", "/nonexistent"], "/nonexistent"),
@@ -416,6 +417,21 @@ def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, cap
     assert text.count("warning: the KL to the SFT policy") == 1
     for option in ["--kl_coef", "--kl_horizon", "--actor_lr", "--target_kl", "--kl_target"]:
         assert option in text
+
+
+@pytest.mark.parametrize("penalize", [True, False])
+def test_ppo_warns_when_most_responses_are_cut_off_and_penalized(stages, tmp_path, capsys, penalize):
+    """One token per response: almost none can end with EOS, so with the penalty on almost
+    every score is --missing_eos_penalty; the first iteration says so and names the option
+    that keeps the scores. With it off there is nothing to warn about."""
+    root, _, _ = stages
+    train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", root / "rm", max_new_tokens=1,
+                           max_iters=2, eval_interval=2, eval_prompts=4,
+                           penalize_missing_eos=penalize))
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert read_metrics(tmp_path / "ppo")[1]["eos_rate"] < 0.1
+    assert text.count("--penalize_missing_eos false") == (1 if penalize else 0), text
 
 
 def test_adaptive_kl_with_a_zero_beta_is_refused(stages, tmp_path, capsys):
