@@ -217,9 +217,9 @@ const QUANTITIES = {
   kl: {
     label: "KL (log-prob - reference log-prob)", signed: true,
     get: (r, i) => (r.logprob[i] === null || r.ref_logprob[i] === null ? null : r.logprob[i] - r.ref_logprob[i]),
-    meaning: "log pi(token) - log pi_ref(token): how much more likely the trained policy makes this " +
-      "token than the SFT reference did (green: more likely, red: less). Summed over the response it " +
-      "is the KL that the penalty charges, the kl of the curves.",
+    // what the penalty charges depends on the run's --kl_in: report.py's kl_legend says it
+    meaning: (run) => "log pi(token) - log pi_ref(token): how much more likely the trained policy " +
+      "makes this token than the SFT reference did (green: more likely, red: less). " + run.kl_legend,
     healthy: "Healthy: most tokens pale, a few strong ones where the policy changed its mind, the sum " +
       "near --kl_target. Deep green on every token means the policy has drifted far from the " +
       "reference, where reward hacking starts."},
@@ -329,13 +329,14 @@ function facts(r, q, qname) {  // a response's figures, and where its tokens sta
   return el("div", {class: "facts"}, figures.join(" · "), creditLine(r, q, qname));
 }
 
-function legend(q, scale) {
+function legend(q, scale, run) {
   const bar = el("div", {class: "bar"});
   const stops = q.signed ? [mix(NEGATIVE, 1), "#fff", mix(POSITIVE, 1)] : ["#fff", mix(UNSURE, 1)];
   bar.appendChild(el("div", {class: "gradient", style: `background: linear-gradient(to right, ${stops.join(",")})`}));
   bar.appendChild(el("div", {class: "ends"}, el("span", {}, q.signed ? "-" + fmt(scale, 2) : "0"),
                      el("span", {}, q.signed ? "0" : ""), el("span", {}, fmt(scale, 2) + " or more")));
-  const text = el("div", {}, el("p", {}, el("b", {}, q.label + ". "), q.meaning), el("p", {}, q.healthy),
+  const meaning = typeof q.meaning === "function" ? q.meaning(run) : q.meaning;
+  const text = el("div", {}, el("p", {}, el("b", {}, q.label + ". "), meaning), el("p", {}, q.healthy),
     el("p", {class: "note"}, "Hover a token for all its numbers. Hatched grey tokens are an environment's " +
        "replies. The colours saturate at the 98th percentile of the run's |values|, the same scale at " +
        "every eval, so the columns compare."));
@@ -393,7 +394,7 @@ function tokenView() {
     ps.addEventListener("change", () => { state.prompt = +ps.value; redraw(); });
     controls.append(el("label", {}, "colour by ", qs), el("label", {}, "prompt ", ps));
 
-    body.replaceChildren(legend(q, scale));
+    body.replaceChildren(legend(q, scale, run));
     // one prompt at the first, middle and last eval, side by side
     const shown = [...new Set([steps[0], steps[Math.floor((steps.length - 1) / 2)], steps[steps.length - 1]])];
     body.appendChild(el("h3", {}, "This prompt at the first, middle and last eval"));

@@ -74,6 +74,25 @@ def run_options(folder: str) -> dict | None:
         return None
 
 
+def kl_legend(options: dict | None) -> str:
+    """What the KL penalty charges, for the token view's KL legend: the summed log-ratio is the
+    logged kl, but the penalty is charged on it only with the KL in the reward; with --kl_in
+    loss the penalty is another estimate (k3) of each token, in the loss. A run whose options
+    are unknown gets both."""
+    summed = "Summed over the response it is the kl of the curves (the k1 estimate of the KL)"
+    reward = ("the penalty charges beta x that sum, in the reward (PPO and REINFORCE++: -beta x "
+              "this number on each token; GRPO and RLOO: once per response)")
+    loss = ("the penalty charges beta x the k3 estimate of each token, e^(-x) + x - 1 for this "
+            "number x, in the loss (never below 0), and nothing in the reward")
+    placement = (options or {}).get("kl_in")
+    if placement == "reward":
+        return f"{summed}; with the KL in the reward (--kl_in reward), {reward}."
+    if placement == "loss":
+        return f"{summed}; with the KL in the loss (--kl_in loss), {loss}."
+    return (f"{summed}. With --kl_in reward {reward}; with --kl_in loss {loss} (this run's "
+            f"placement is unknown).")
+
+
 def read_report_run(folder: str) -> dict:
     """Everything the page shows of the run in `folder`: its name, metrics rows, rollouts
     (None when not recorded), options, final comparison, and a note for each missing part."""
@@ -111,6 +130,7 @@ def read_report_run(folder: str) -> dict:
                        "killed); the curves show where it got to")
     return {"name": os.path.basename(os.path.normpath(folder)), "folder": os.path.abspath(folder),
             "rows": rows, "rollouts": rollouts, "options": options, "comparison": comparison,
+            "kl_legend": kl_legend(options),
             "missing": missing}
 
 

@@ -193,6 +193,24 @@ def test_the_page_holds_the_numbers_of_the_run_files(ppo_run, tmp_path):
     assert "src=" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
 
 
+def test_the_kl_legend_says_what_the_penalty_charges_for_the_runs_placement(ppo_run, tmp_path):
+    """The summed log-ratio is the logged kl; the penalty charges it only with the KL in the
+    reward. With --kl_in loss it charges the k3 estimate per token, in the loss; a run of
+    unknown options is told both. A run's page carries its own placement's sentence (the PPO
+    run's KL is in the reward), which report.js appends to the KL legend."""
+    in_reward, in_loss = report.kl_legend({"kl_in": "reward"}), report.kl_legend({"kl_in": "loss"})
+    assert "beta x that sum, in the reward" in in_reward and "k3" not in in_reward
+    assert "k3 estimate of each token" in in_loss and "in the loss" in in_loss
+    assert "nothing in the reward" in in_loss and "that sum, in the reward" not in in_loss
+    for unknown in (None, {}):
+        both = report.kl_legend(unknown)
+        assert "that sum, in the reward" in both and "k3" in both and "unknown" in both
+    folder = copy_run(ppo_run[0], tmp_path / "ppo")
+    (run,) = embedded_data(open(report.write_report([str(folder)])).read())["runs"]
+    assert run["options"]["kl_in"] == "reward" and run["kl_legend"] == in_reward
+    # that the legend shows it: test_the_page_runs_in_chromium_without_an_error
+
+
 def test_text_a_policy_wrote_cannot_break_out_of_the_page(ppo_run, tmp_path):
     folder = copy_run(ppo_run[0], tmp_path / "ppo")
     lines = recorded(folder)
@@ -255,6 +273,9 @@ PROBE = """<script>
   svg.dispatchEvent(new MouseEvent("mousemove", {clientX: box.left + box.width / 2, clientY: box.top + 20}));
   document.body.setAttribute("data-curve-tip", shown());
   const pick = document.getElementById("pick-quantity");
+  pick.value = "kl";
+  pick.dispatchEvent(new Event("change"));
+  document.body.setAttribute("data-kl-legend", document.getElementById("legend").textContent);
   pick.value = "entropy";
   pick.dispatchEvent(new Event("change"));
   document.body.setAttribute("data-legend", document.getElementById("legend").textContent.slice(0, 40));
@@ -286,10 +307,14 @@ def test_the_page_runs_in_chromium_without_an_error(ppo_run, grpo_episodes, tmp_
     assert not console, console  # the page logs nothing: no error, no warning
     assert dom.count('class="panel"') >= 8 and 'id="columns"' in dom and 'id="all-responses"' in dom
     assert 'class="tok"' in dom and "<path" in dom
-    tips = {k: re.search(f'{k}="([^"]*)"', dom).group(1) for k in ("data-token-tip", "data-curve-tip", "data-legend")}
+    tips = {k: re.search(f'{k}="([^"]*)"', dom).group(1)
+            for k in ("data-token-tip", "data-curve-tip", "data-legend", "data-kl-legend")}
     assert tips["data-token-tip"].startswith("token ") and "advantage" in tips["data-token-tip"]
     assert "at step" in tips["data-curve-tip"] and tips["data-legend"].startswith("0")
     assert "entropy" in tips["data-legend"]
+    # the PPO run's KL is in the reward: its KL legend says what that charges (report.kl_legend)
+    assert "how much more likely" in tips["data-kl-legend"]
+    assert "beta x that sum, in the reward" in tips["data-kl-legend"]
     shot = os.environ.get("MINGPT_RLHF_SCREENSHOT") or str(tmp_path / "report.png")
     done = browse(browser, page, "--window-size=1400,1500", f"--screenshot={shot}")
     assert done.returncode == 0 and open(shot, "rb").read(8) == b"\x89PNG\r\n\x1a\n", done.stderr[-2000:]
