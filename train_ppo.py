@@ -104,10 +104,18 @@ class Config:
                            "per-token KL rewards, no critic, returns normalised over the "
                            "whole batch); see docs/methods.md and mingpt_rlhf/refinements.py")
     group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
-    kl_in: str = opt("auto", "where the KL penalty goes: reward (k1 per token for ppo, summed "
-                             "per response for grpo / rloo) | loss (grpo / rloo: beta * k3 per "
-                             "token in the loss, as the GRPO paper; measured weaker here, see "
+    kl_in: str = opt("auto", "where the KL penalty goes: reward (beta x --kl_estimator per "
+                             "token off the reward; grpo / rloo sum it per response) | loss "
+                             "(beta x --kl_estimator per token in the loss, reduced like the "
+                             "surrogate, as the GRPO paper; measured weaker here, see "
                              "docs/results.md) | auto (loss with --grpo_norm grpo, else reward)")
+    kl_estimator: str = opt("auto", "the per-token estimate of KL(policy || reference): k1 "
+                                    "(log p - log ref) | k2 ((log p - log ref)^2 / 2) | k3 "
+                                    "(e^(ref - log p) - (ref - log p) - 1) | auto (k1 in the "
+                                    "reward, k3 in the loss). Only k1 in the reward follows "
+                                    "the gradient of the response's KL; in the loss k1 has no "
+                                    "KL gradient, k2 misses the later tokens' share, k3 "
+                                    "follows KL(reference || policy) (mingpt_rlhf/gradients.py)")
     grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
                                "--max_new_tokens | grpo (the paper): divide by the group's reward "
                                "std and average each response's tokens; needs the KL in the loss "
@@ -281,6 +289,8 @@ def check_config(cfg: Config):
                         "which --penalize_missing_eos false removes; drop one of them")
     if cfg.kl_in not in ("auto", "reward", "loss"):
         raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
+    if cfg.kl_estimator not in ("auto", "k1", "k2", "k3"):
+        raise UserError(f"--kl_estimator must be auto, k1, k2 or k3, got {cfg.kl_estimator!r}")
     if cfg.reduction not in ("auto", "token", "sequence", "budget"):
         raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
     if cfg.grpo_norm not in ("grpo", "dr"):
@@ -303,7 +313,7 @@ def check_config(cfg: Config):
         resolved = resolve_auto_options(cfg)
     except ValueError as e:
         raise UserError(str(e)) from None
-    for name in ("actor_lr", "ptx_coef", "kl_in", "reduction"):
+    for name in ("actor_lr", "ptx_coef", "kl_in", "kl_estimator", "reduction"):
         setattr(cfg, name, getattr(resolved, name))
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
@@ -317,9 +327,6 @@ def check_config(cfg: Config):
         raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
                         f"responses (--rollout_batch_size x --rollouts_per_update = "
                         f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
-    if cfg.algo in ("ppo", "reinforce++") and cfg.kl_in == "loss":
-        raise UserError(f"--kl_in loss is for grpo / rloo; {cfg.algo} keeps the KL in its "
-                        f"per-token reward (--kl_in reward)")
     if cfg.algo in ("grpo", "rloo") and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
@@ -560,7 +567,8 @@ def main(cfg: Config) -> dict:
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
     method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
               if cfg.algo == "reinforce++" else
-              f"{cfg.algo}, groups of {cfg.group_size}, KL in the {trainer.kl_in}")
+              f"{cfg.algo}, groups of {cfg.group_size}")
+    method += f", KL {cfg.kl_estimator} in the {cfg.kl_in}"
     data = (f"episodes of {env_name} (up to {cfg.max_turns} turns), {cfg.eval_prompts} eval "
             f"episodes" if cfg.env else f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts")
     print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), {data}, "

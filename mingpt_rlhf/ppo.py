@@ -194,8 +194,25 @@ class ReplayBuffer:
 
 
 # ----------------------------------------------------------------------------- losses
+def _token_mean(x, action_mask, budget, tokens):
+    return masked_mean(x, action_mask, tokens=tokens)
+
+
+def _sequence_mean(x, action_mask, budget, tokens):
+    per_seq = (x * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)  # (B,)
+    return per_seq.mean()
+
+
+def _budget_sum(x, action_mask, budget, tokens):
+    return ((x * action_mask).sum(-1) / budget).mean()
+
+
+# how per-token losses (B, N) become one scalar, over real tokens only (`reduce_tokens`)
+REDUCTIONS = {"token": _token_mean, "sequence": _sequence_mean, "budget": _budget_sum}
+
+
 def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None, tokens=None):
-    """One scalar from per-token losses (B, N), over real tokens only:
+    """One scalar from per-token losses (B, N), over real tokens only (`REDUCTIONS[how]`):
     - "token":    mean over every real token of the minibatch (our PPO; DAPO), dividing by
                   `tokens` when given (`distributed.tokens_per_rank`: the whole minibatch's mean under torchrun);
     - "sequence": mean over each response's tokens, then over responses (GRPO): a token of a
@@ -203,14 +220,9 @@ def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None,
     - "budget":   sum over each response's tokens / `budget` (the generation budget), mean over
                   responses (Dr. GRPO, RLOO): every token weighs the same, whatever the length.
     """
-    if how == "token":
-        return masked_mean(x, action_mask, tokens=tokens)
-    if how == "sequence":
-        per_seq = (x * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
-    if how == "budget":
-        return ((x * action_mask).sum(-1) / budget).mean()
-    raise ValueError(f"unknown reduction {how!r}")
+    if how not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {how!r}")
+    return REDUCTIONS[how](x, action_mask, budget, tokens)
 
 
 def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2,

@@ -48,16 +48,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
+from .critic_free import zero_group_fraction
 from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
+from .losses import (GROUP_BASELINES, actor_loss, default_kl_estimator,
+                     experience_advantages, spec_of)
 from .optim import Optimizer
-from .ppo import (Experience, ReplayBuffer, explained_variance, gae, kl_shaped_rewards,
-                  last_action_index, masked_mean, masked_whiten, policy_loss, reduce_tokens,
+from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
                   value_loss)
-from .refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
-                          sequence_policy_loss, truncated_is_weights)
+from .refinements import informative_groups, overlong_penalty, truncated_is_weights
 from .sampling import GenerationOutput, generate
 
 
@@ -74,6 +74,7 @@ def resolve_auto_options(cfg):
       user's function);
     - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
     - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
+    - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
       sequence with one ratio per response (`ratio == "sequence"`, GSPO), whose loss is a mean
       over responses whatever the reduction says (the KL in the loss then follows it).
@@ -90,6 +91,8 @@ def resolve_auto_options(cfg):
         auto["ptx_coef"] = 0.02 if algo == "ppo" and not getattr(cfg, "env", "") else 0.0
     if cfg.kl_in == "auto":
         auto["kl_in"] = "loss" if algo == "grpo" and norm == "grpo" else "reward"
+    if getattr(cfg, "kl_estimator", None) == "auto":  # (a caller's cfg may not have it)
+        auto["kl_estimator"] = default_kl_estimator(auto.get("kl_in", cfg.kl_in))
     if cfg.reduction == "auto":
         auto["reduction"] = "sequence" if gspo else {
             "ppo": "token", "reinforce++": "token", "rloo": "budget",
@@ -153,12 +156,6 @@ class PPOTrainer:
         # in float32 the sampler's log-probs are the scoring pass's to rounding, so that pass
         # is skipped; under autocast they differ by low-precision noise (module docstring)
         self.reuse_sampler_logprobs = dtype == torch.float32 and not getattr(cfg, "sampler_lag", 0)
-        # where the KL penalty goes and how token losses become one number (reduce_tokens)
-        self.kl_in, self.reduction = cfg.kl_in, cfg.reduction
-        # refinements (refinements.py): the ratio's upper clip, and one ratio per token or per
-        # sequence; a caller's cfg without these options gets PPO's own
-        self.clip_high = getattr(cfg, "clip_range_high", 0) or cfg.clip_range
-        self.sequence_ratio = getattr(cfg, "ratio", "token") == "sequence"
         # truncated importance sampling: the sampler's log-probs are kept beside the scoring
         # pass's, to weigh each token by their ratio (refinements.py)
         self.tis_cap = getattr(cfg, "tis_cap", 0.0)
@@ -170,6 +167,12 @@ class PPOTrainer:
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
+
+    @property
+    def spec(self):
+        """The entry of each role of losses.py this run uses (advantages, policy loss,
+        reduction, KL estimator and placement), from `cfg`."""
+        return spec_of(self.cfg)
 
     @property
     def sampler_scores(self) -> bool:
@@ -385,26 +388,18 @@ class PPOTrainer:
 
         kl_coef = self.kl_ctl.value
         kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over actions
-        if cfg.algo == "ppo":
-            rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
-            advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
-            advantages = masked_whiten(advantages, action_mask, all_ranks=for_update)
-        elif cfg.algo == "reinforce++":  # PPO's per-token rewards, no critic (refinements.py)
-            rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef)
-            advantages = reinforce_pp_advantages(rewards, action_mask, cfg.gamma,
-                                                 all_ranks=for_update)
-            returns = torch.zeros_like(values)
-        else:  # one reward per response, its advantage on every token; no values, no returns
-            rewards = scores - kl_coef * kl_per_seq if self.kl_in == "reward" else scores
-            advantages = (self.group_baselined(rewards, group_keys) if for_update
-                          else torch.zeros_like(rewards))[:, None] * action_mask
-            rewards, returns = rewards[:, None] * action_mask, torch.zeros_like(values)
-        mismatch = {}
+        spec = self.spec
+        if spec.advantages in GROUP_BASELINES and for_update:
+            self.check_groups(group_keys)
+        mismatch, weights = {}, None
         if out.logprobs is not None and not reuse:  # the sampler's and the learner's differ
             weights, mismatch = truncated_is_weights(logprobs, out.logprobs.float() * action_mask,
                                                      action_mask, self.tis_cap)
-            if self.tis_cap > 0:
-                advantages = advantages * weights  # = weighing each token's clipped surrogate
+        # the KL penalty (in the reward), the advantages (losses.ADVANTAGES) and, with
+        # --tis_cap, the importance weights on them: losses.py, one call
+        rewards, advantages, returns = experience_advantages(
+            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update,
+            weights if self.tis_cap > 0 else None)
         exp = Experience(seqs, attn, action_mask, logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores)
 
@@ -426,15 +421,18 @@ class PPOTrainer:
             stats["zero_groups"] = zero_group_fraction(scores, cfg.group_size)
         return exp, stats
 
-    def group_baselined(self, rewards, prompts):
-        """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards; `prompts`
-        (B, T) (or an episode's seed, (B, 1)) proves that each group of rows shares its start."""
+    def check_groups(self, prompts):
+        """`prompts` (B, T) (or an episode's seed, (B, 1)) must prove that each group of rows
+        shares its start."""
         k = self.cfg.group_size
         same = (prompts.view(-1, k, prompts.size(1)) == prompts[::k, None]).all()
         assert same, "a group of responses must share its prompt or seed (rows g*k .. g*k + k - 1)"
-        if self.cfg.algo == "rloo":
-            return leave_one_out_advantages(rewards, k)
-        return group_advantages(rewards, k, normalise_std=self.cfg.grpo_norm == "grpo")
+
+    def group_baselined(self, rewards, prompts):
+        """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards, by the
+        run's entry of losses.GROUP_BASELINES; `prompts` as `check_groups`."""
+        self.check_groups(prompts)
+        return GROUP_BASELINES[self.spec.advantages](rewards, self.cfg.group_size)
 
     # ------------------------------------------------------------------ learning
     def ptx_batch(self, generator=None):
@@ -465,47 +463,31 @@ class PPOTrainer:
                     logprobs, entropy, values, *ptx_loss = self.policy_and_values(
                         mb.sequences, mb.attention_mask, mb.prompt_len, entropy_mode,
                         with_values=False, ptx=ptx)
-                # past EOS the response is PAD, whose log-prob is the most negative float:
-                # keep it out of every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
-                logprobs = torch.where(mb.action_mask.bool(), logprobs, 0.0)
                 # token means divide by this: under torchrun, the whole minibatch's token mean
                 tokens = tokens_per_rank(mb.action_mask)
-                if self.sequence_ratio:  # GSPO (refinements.py)
-                    seq_adv = ((mb.advantages * mb.action_mask).sum(-1)
-                               / mb.action_mask.sum(-1).clamp(min=1))  # one per response
-                    pg_loss, clipfrac, approx_kl = sequence_policy_loss(
-                        logprobs, mb.logprobs, seq_adv, mb.action_mask, cfg.clip_range,
-                        self.clip_high)
-                else:
-                    pg_loss, clipfrac, approx_kl = policy_loss(
-                        logprobs, mb.logprobs, mb.advantages, mb.action_mask, cfg.clip_range,
-                        self.reduction, self.budget, tokens, clip_high=self.clip_high)
+                # the surrogate - the entropy bonus (+ the KL, in the loss): losses.py
+                loss, figures = actor_loss(
+                    logprobs, entropy, mb.logprobs, mb.ref_logprobs, mb.advantages,
+                    mb.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens)
                 # under torchrun: the whole minibatch's approx-KL, one decision for every rank
+                approx_kl = figures["approx_kl"]
                 if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
                     # the policy already moved this far from the one that sampled the batch:
                     # stop the update here, before this minibatch moves it further
                     stopped = True
                     break
-                entropy = masked_mean(entropy, mb.action_mask, tokens=tokens)
-                actor_loss = pg_loss - cfg.entropy_coef * entropy
-                figures = {}
-                if self.kl_in == "loss":  # GRPO: beta * k3 per token, reduced like the surrogate
-                    kl_loss = reduce_tokens(k3_kl(logprobs, mb.ref_logprobs), mb.action_mask,
-                                            self.reduction, self.budget, tokens)
-                    actor_loss = actor_loss + self.kl_ctl.value * kl_loss
-                    figures["kl_loss"] = kl_loss
                 if self.value_head is not None:  # shared trunk: one loss, one optimizer
                     vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
                                          cfg.clip_range_value, tokens)
-                    actor_loss = actor_loss + cfg.vf_coef * vf_loss
+                    loss = loss + cfg.vf_coef * vf_loss
                     figures["vf_loss"] = vf_loss
                 if ptx_loss:  # InstructGPT's PPO-ptx: the LM loss on demonstrations
                     ptx_loss = ptx_loss[0]
                     if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
                         ptx_loss = ptx_loss * token_share(ptx[1] >= 0)
-                    actor_loss = actor_loss + cfg.ptx_coef * ptx_loss
+                    loss = loss + cfg.ptx_coef * ptx_loss
                     figures["ptx_loss"] = ptx_loss
-                self._step(self.actor_opt, actor_loss)
+                self._step(self.actor_opt, loss)
                 if self.critic is not None:
                     with self.amp():
                         values = self.critic_values(mb.sequences, mb.attention_mask, mb.prompt_len)
@@ -514,8 +496,6 @@ class PPOTrainer:
                     self._step(self.critic_opt, vf_loss)
                     figures["vf_loss"] = vf_loss
                 figures.setdefault("ptx_loss", torch.zeros(()))
-                figures.update({"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": approx_kl,
-                                "policy_entropy": entropy})
                 for k, v in figures.items():  # summed as tensors: no host sync per figure
                     totals[k] = totals.get(k, 0.0) + v.detach().float()
                 n += 1

@@ -190,8 +190,7 @@ def test_a_group_of_equal_scores_gets_zero_advantage_with_the_std_and_the_kl_in_
     exp, stats = tr.make_experience(ids, mask, torch.Generator().manual_seed(2))
     assert (exp.ref_logprobs != exp.logprobs).any() and stats["zero_groups"] == 1.0
     assert (exp.advantages == 0).all()
-    tr.cfg = replace(tr.cfg, grpo_norm="dr")
-    tr.kl_in = "reward"
+    tr.cfg = replace(tr.cfg, grpo_norm="dr", kl_in="reward")  # k1, the reward's default
     exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(2))
     kl = ((exp.logprobs - exp.ref_logprobs) * exp.action_mask).sum(-1).view(-1, 4)
     expected = -tr.kl_ctl.value * (kl - kl.mean(-1, keepdim=True))

@@ -288,7 +288,7 @@ def test_dr_grpos_budget_on_episodes_is_every_turns_tokens():
     episode's actions can pass. On the first minibatch (ratio 1) the policy loss is then
     mean_i(-A_i x n_i) / 15 for episodes of n_i actions; one turn's budget (3) gives 5 times it."""
     trainer = trainer_on_episodes("grpo")
-    assert trainer.reduction == "budget" and trainer.budget == 15
+    assert trainer.spec.reduction == "budget" and trainer.budget == 15
     exp, _, _ = trainer.play([1_000_000 + i // 4 for i in range(8)], torch.Generator().manual_seed(0))
     n = exp.action_mask.sum(-1)
     assert n.max() <= 15 and n.max() > 3  # episodes of more than one turn

@@ -7,7 +7,7 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import cli, ppo_trainer
+from mingpt_rlhf import cli, losses, ppo_trainer
 from mingpt_rlhf.ppo import policy_loss
 from mingpt_rlhf.ppo import align_and_cat
 from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
@@ -241,18 +241,18 @@ def test_truncated_importance_sampling_weighs_each_token_by_learner_over_sampler
 def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra, seen):
     root = stages[0]
     calls = []
-    real_token, real_seq = ppo_trainer.policy_loss, ppo_trainer.sequence_policy_loss
-    real_adv, real_over = ppo_trainer.reinforce_pp_advantages, ppo_trainer.overlong_penalty
+    real_token, real_seq = losses.policy_loss, losses.sequence_policy_loss
+    real_adv, real_over = losses.reinforce_pp_advantages, ppo_trainer.overlong_penalty
     real_info, real_tis = ppo_trainer.informative_groups, ppo_trainer.truncated_is_weights
     monkeypatch.setattr(ppo_trainer, "informative_groups", lambda *a, **k: (
         calls.append("informative"), real_info(*a, **k))[1])
     monkeypatch.setattr(ppo_trainer, "truncated_is_weights", lambda *a, **k: (
         calls.append("tis"), real_tis(*a, **k))[1])
-    monkeypatch.setattr(ppo_trainer, "policy_loss", lambda *a, **k: (
+    monkeypatch.setattr(losses, "policy_loss", lambda *a, **k: (
         calls.append(f"clip_high={k.get('clip_high')}"), real_token(*a, **k))[1])
-    monkeypatch.setattr(ppo_trainer, "sequence_policy_loss", lambda *a, **k: (
+    monkeypatch.setattr(losses, "sequence_policy_loss", lambda *a, **k: (
         calls.append("sequence"), real_seq(*a, **k))[1])
-    monkeypatch.setattr(ppo_trainer, "reinforce_pp_advantages", lambda *a, **k: (
+    monkeypatch.setattr(losses, "reinforce_pp_advantages", lambda *a, **k: (
         calls.append("reinforce++"), real_adv(*a, **k))[1])
     monkeypatch.setattr(ppo_trainer, "overlong_penalty", lambda *a, **k: (
         calls.append("overlong"), real_over(*a, **k))[1])
@@ -265,7 +265,6 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
 @pytest.mark.parametrize("argv,words", [
     (["--ratio", "sequence"], "needs one advantage per response"),
     (["--ratio", "word"], "--ratio must be token or sequence"),
-    (["--algo", "reinforce++", "--kl_in", "loss"], "reinforce++ keeps the KL"),
     (["--overlong_buffer", "32"], "must be smaller than --max_new_tokens 32"),
     (["--clip_range_high", "-1"], "must be >= 0"),
     (["--overlong_buffer", "4", "--env", "guess"], "--overlong_buffer shapes single responses"),
@@ -293,4 +292,4 @@ def test_gspo_saves_the_reduction_it_trains_with(argv):
     cfg = cli.parse_config(train_ppo.Config, [*argv, "--ratio", "sequence"])
     train_ppo.check_config(cfg)
     assert cfg.reduction == "sequence"
-    assert make_trainer(cfg, critic_free=True).reduction == "sequence"
+    assert make_trainer(cfg, critic_free=True).spec.reduction == "sequence"

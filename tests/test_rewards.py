@@ -251,7 +251,7 @@ def test_a_trainer_built_with_the_configs_autos_trains(tmp_path):
     cfg = train_ppo.Config(rollout_batch_size=16, minibatch_size=8, max_new_tokens=8)
     tr = PPOTrainer(cfg, actor, ref, count_target, value_head=head, eos_id=1, pad_id=0,
                     kl_ctl=FixedKLController(0.05))
-    assert tr.cfg.actor_lr == 5e-5 and tr.cfg.ptx_coef == 0.02 and tr.kl_in == "reward"
+    assert tr.cfg.actor_lr == 5e-5 and tr.cfg.ptx_coef == 0.02 and tr.spec.kl_in == "reward"
     assert tr.actor_opt.adamw.param_groups[0]["lr"] == 5e-5
     before = [p.detach().clone() for p in actor.parameters()]
     _, stats = tr.step([prompts(16)], torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))

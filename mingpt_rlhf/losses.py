@@ -1,0 +1,184 @@
+"""Every way the trainer turns a rollout into a loss, by name: one table per role.
+
+The PPO family (PPO, GRPO, Dr. GRPO, RLOO, REINFORCE++ and their refinements) differs in a
+few choices, each one a role with a table of interchangeable entries of one signature:
+
+- ADVANTAGES    where the baseline comes from: gae (a critic, PPO), reinforce++ (returns
+                whitened over the batch), grpo / dr_grpo / rloo (the other responses of a
+                group). f(rewards (B, N), values (B, N), action_mask, spec, all_ranks)
+                -> (advantages (B, N), returns (B, N)); `rewards` are per token, the score
+                on the last action and, with the KL in the reward, the KL penalty on each.
+- POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included)
+                or sequence (GSPO's one ratio per response). f(logprobs, old_logprobs,
+                advantages, action_mask, spec, budget, tokens) -> (loss, clipfrac, approx_kl).
+- REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
+- KL_ESTIMATORS a per-token estimate of KL(pi || ref) from samples of pi, f(logprobs,
+                ref_logprobs) -> (B, N): k1 = log pi - log ref, k2 = (log pi - log ref)^2 / 2,
+                k3 = e^(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL
+                divergence"). Each goes either way of KL_PLACEMENTS: in the reward (a penalty
+                per token, detached, that reaches the policy through the advantages) or in
+                the loss (differentiated directly, reduced like the surrogate).
+
+What each combination's gradient follows in expectation is not always what its name says
+(k1 in the loss has no KL gradient at all, k3 in the loss follows another divergence): the
+gradient oracle (gradients.py) computes it exactly for a row of every entry. The trainer
+makes one call per role through the two functions below, which the oracle calls too:
+`experience_advantages` when a rollout is scored, `actor_loss` for each minibatch. A new
+entry in a table needs a row in the oracle (tests/test_gradients.py checks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
+from .ppo import REDUCTIONS, gae, masked_mean, masked_whiten, policy_loss, reduce_tokens
+from .refinements import reinforce_pp_advantages, sequence_policy_loss
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The trainer's entry in each role, and the numbers those entries read."""
+    advantages: str = "gae"      # ADVANTAGES
+    policy_loss: str = "token"   # POLICY_LOSSES
+    reduction: str = "token"     # REDUCTIONS
+    kl_in: str = "reward"        # KL_PLACEMENTS
+    kl_estimator: str = "k1"     # KL_ESTIMATORS
+    clip_range: float = 0.2      # the ratio's lower clip, 1 - clip_range
+    clip_high: float = 0.2       # its upper clip, 1 + clip_high (DAPO's clip-higher when larger)
+    entropy_coef: float = 0.0    # weight of the entropy bonus (a token mean)
+    gamma: float = 1.0           # discount of gae's and reinforce++'s returns
+    lam: float = 0.95            # gae's lambda
+    group_size: int = 2          # rows per group for grpo / dr_grpo / rloo
+
+
+def default_kl_estimator(kl_in: str) -> str:
+    """k1 in the reward (InstructGPT's PPO), k3 in the loss (the GRPO paper)."""
+    return "k3" if kl_in == "loss" else "k1"
+
+
+def spec_of(cfg) -> LossSpec:
+    """The LossSpec of a resolved train_ppo.Config (`ppo_trainer.resolve_auto_options`); a
+    caller's config without the refinements' options gets PPO's own."""
+    advantages = {"ppo": "gae", "reinforce++": "reinforce++", "rloo": "rloo"}.get(cfg.algo)
+    if advantages is None:  # grpo: the paper's std normalisation, or Dr. GRPO's none
+        advantages = "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
+    kl_estimator = getattr(cfg, "kl_estimator", "auto")
+    return LossSpec(
+        advantages=advantages,
+        policy_loss=getattr(cfg, "ratio", "token"),
+        reduction=cfg.reduction, kl_in=cfg.kl_in,
+        kl_estimator=default_kl_estimator(cfg.kl_in) if kl_estimator == "auto" else kl_estimator,
+        clip_range=cfg.clip_range, clip_high=getattr(cfg, "clip_range_high", 0) or cfg.clip_range,
+        entropy_coef=cfg.entropy_coef, gamma=cfg.gamma, lam=cfg.lam,
+        group_size=getattr(cfg, "group_size", 2))
+
+
+# ----------------------------------------------------------------------------- advantages
+def _gae(rewards, values, action_mask, spec, all_ranks):
+    advantages, returns = gae(rewards, values, action_mask, spec.gamma, spec.lam)
+    return masked_whiten(advantages, action_mask, all_ranks=all_ranks), returns
+
+
+def _reinforce_pp(rewards, values, action_mask, spec, all_ranks):
+    advantages = reinforce_pp_advantages(rewards, action_mask, spec.gamma, all_ranks=all_ranks)
+    return advantages, torch.zeros_like(values)
+
+
+# (B,) one reward per response -> (B,) its advantage, from its group of group_size rows
+GROUP_BASELINES = {
+    "grpo": lambda scores, k: group_advantages(scores, k, normalise_std=True),
+    "dr_grpo": lambda scores, k: group_advantages(scores, k, normalise_std=False),
+    "rloo": leave_one_out_advantages,
+}
+
+
+def _grouped(name):
+    def advantages(rewards, values, action_mask, spec, all_ranks):
+        per_response = rewards.sum(-1)               # (B,) the score minus any KL penalty
+        adv = GROUP_BASELINES[name](per_response, spec.group_size)
+        return adv[:, None] * action_mask, torch.zeros_like(values)
+    return advantages
+
+
+ADVANTAGES = {"gae": _gae, "reinforce++": _reinforce_pp,
+              **{name: _grouped(name) for name in GROUP_BASELINES}}
+
+# ----------------------------------------------------------------------------- KL, losses
+KL_ESTIMATORS = {
+    "k1": lambda logprobs, ref_logprobs: logprobs - ref_logprobs,
+    "k2": lambda logprobs, ref_logprobs: 0.5 * (logprobs - ref_logprobs) ** 2,
+    "k3": k3_kl,
+}
+KL_PLACEMENTS = ("reward", "loss")
+
+
+def _token_ratio(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+    return policy_loss(logprobs, old_logprobs, advantages, action_mask, spec.clip_range,
+                       spec.reduction, budget, tokens, clip_high=spec.clip_high)
+
+
+def _sequence_ratio(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+    # one advantage per response: every token of a response carries the same one
+    per_response = (advantages * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
+    return sequence_policy_loss(logprobs, old_logprobs, per_response, action_mask,
+                                spec.clip_range, spec.clip_high)
+
+
+POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio}
+TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
+          "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
+
+
+# ----------------------------------------------------------------------------- the two calls
+def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, spec: LossSpec,
+                          kl_coef: float, for_update: bool = True, weights=None):
+    """(rewards, advantages, returns), each (B, N), of a scored rollout batch.
+
+    placed: (B, N) the rewards where they land (the score on the last action); logprobs,
+    ref_logprobs, values: (B, N) at sampling time. With the KL in the reward, kl_coef x the
+    estimator's value is taken off every token's reward. `for_update` False: an eval batch,
+    whose rows are no groups (a group estimator gives it advantages 0) and are whitened on
+    this process alone. `weights` (B, N): truncated importance weights that multiply the
+    advantages (the same as weighing each token's clipped surrogate: they are >= 0). For a
+    group estimator the rewards kept are each response's total, on every one of its tokens."""
+    rewards = placed
+    if spec.kl_in == "reward":
+        penalty = KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs) * action_mask
+        rewards = placed - kl_coef * penalty
+    grouped = spec.advantages in GROUP_BASELINES
+    if grouped and not for_update:
+        advantages, returns = torch.zeros_like(rewards), torch.zeros_like(values)
+    else:
+        advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask, spec,
+                                                          for_update)
+    if grouped:
+        rewards = rewards.sum(-1, keepdim=True) * action_mask
+    if weights is not None:
+        advantages = advantages * weights
+    return rewards, advantages, returns
+
+
+def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action_mask,
+               spec: LossSpec, kl_coef: float, budget: int, tokens=None):
+    """(loss, figures) of one minibatch: the surrogate, minus the entropy bonus, plus kl_coef x
+    the KL estimate when the KL is in the loss. logprobs, entropy: (B, N) of the policy
+    learning, with gradients; the rest as stored at sampling time. `tokens`: see
+    `distributed.tokens_per_rank`. figures: pg_loss, clipfrac, approx_kl, policy_entropy and
+    kl_loss (with the KL in the loss), as tensors."""
+    # past EOS the response is PAD, whose log-prob is the most negative float: keep it out of
+    # every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
+    logprobs = torch.where(action_mask.bool(), logprobs, 0.0)
+    pg_loss, clipfrac, approx_kl = POLICY_LOSSES[spec.policy_loss](
+        logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
+    entropy = masked_mean(entropy, action_mask, tokens=tokens)
+    loss = pg_loss - spec.entropy_coef * entropy
+    figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": approx_kl,
+               "policy_entropy": entropy}
+    if spec.kl_in == "loss":
+        kl_loss = reduce_tokens(KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs),
+                                action_mask, spec.reduction, budget, tokens)
+        loss = loss + kl_coef * kl_loss
+        figures["kl_loss"] = kl_loss
+    return loss, figures
