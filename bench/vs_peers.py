@@ -1,9 +1,12 @@
 """Ours against the libraries our users would otherwise pick, measured side by side in one run:
-trl 0.11.4's PPOTrainer and transformers 4.45.2's generate (their venv: bench/peers/).
+trl 1.16's GRPOTrainer (transformers 5; venv bench/peers/trl1/), and trl 0.11.4's classic
+PPOTrainer and transformers 4.45.2's generate (venv bench/peers/).
 
-    bash bench/peers/setup.sh                    # once: bench/peers/.venv (trl, transformers)
+    bash bench/peers/setup.sh                    # once: bench/peers/.venv (trl 0.11.4, transformers 4.45)
+    bash bench/peers/trl1/setup.sh               # once: bench/peers/trl1/.venv (trl 1.16, transformers 5)
     python bench/vs_peers.py                     # every part, 3 rounds
     python bench/vs_peers.py --part toy gpt2 --rounds 5
+    python bench/vs_peers.py --part grpo_toy grpo_gpt2 grpo_toy_bf16 grpo_gpt2_bf16
 
 Parts (each the same shapes, batch, lengths, sampling and thread count on both sides):
 - toy:        one PPO iteration of bench/ppo_speed.py's config (vocab 64, 4 x 4 x 128; 64
@@ -17,7 +20,18 @@ Parts (each the same shapes, batch, lengths, sampling and thread count on both s
 - gpt2_lora:  the same with LoRA rank 16 on c_attn, c_proj, c_fc (trl: peft, the reference
               is the model with its adapters off, as ours);
 - gen_tiny, gen_gpt2: sampling only (plain sampling, temperature 1, no EOS): 16 rows of 32 +
-              64 tokens on the tiny model; 8 rows of 64 + 32 tokens at GPT-2 shape.
+              64 tokens on the tiny model; 8 rows of 64 + 32 tokens at GPT-2 shape;
+- grpo_toy, grpo_gpt2 (float32), grpo_toy_bf16, grpo_gpt2_bf16 (bfloat16 autocast on both
+              sides): one GRPO step against trl 1.x's GRPOTrainer (bench/peers/trl_grpo.py),
+              toy = 4 layers x 128 with GPT-2's vocabulary, gpt2 = GPT-2 small: 8 prompts x a
+              group of 4, 64 prompt + exactly 32 new tokens, a trivial reward function, beta
+              0.04 with k3 in the loss, group mean and std, one AdamW step per batch, gradient
+              clipping 1.0, dropout off, no gradient checkpointing. Both sides load the same
+              random weights from one checkpoint (`grpo_fixture`); ours runs `train_ppo.main`
+              with GRPO_FLAGS + GRPO_EQUAL (the command line docs/speed.md gives);
+- grpo_toy_defaults, grpo_gpt2_defaults: the same workload, each side with its own defaults
+              for everything else (trl: bf16, gradient checkpointing, loss "dapo", beta 0, ...;
+              ours: float32 on a CPU, Dr. GRPO with the KL in the reward, ...).
 Seconds are medians over each process's measured iterations (after a warm-up iteration);
 peak memory is the whole process's peak resident set (VmHWM), loading included, under glibc's
 default allocator. Each round runs ours, then the peer, each in a fresh process, so a slow
@@ -44,6 +58,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_PY = os.path.join(ROOT, "bench", "peers", ".venv", "bin", "python")
+PEER1_PY = os.path.join(ROOT, "bench", "peers", "trl1", ".venv", "bin", "python")  # trl 1.x
 RESULTS = os.path.join(ROOT, "bench", "results", "vs_peers.json")
 FIXTURES = os.path.join(ROOT, "out", "vs_peers")
 GPT2 = dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, rows=8, prompt=64, new=32)
@@ -88,13 +103,11 @@ def gpt2_fixtures() -> dict:
     return {"sft": sft, "rm": rm, "prompts": os.path.join(data, "prompts.jsonl")}
 
 
-def ours_gpt2(threads: int, lora_rank: int) -> dict:
-    """train_ppo.main at GPT-2 shape: seconds of each PPOTrainer.step, the process's peak."""
+def timed_train_ppo(cfg, warmup: int) -> dict:
+    """train_ppo.main(cfg) with each PPOTrainer.step timed: medians of its seconds and phases
+    after `warmup` steps, every measured step's seconds, and the process's peak resident set
+    both right after the last step and at the end (the final eval and checkpoint included)."""
     import torch
-    torch.set_num_threads(threads)
-    os.environ["MINGPT_RLHF_PLOT"] = "0"
-    sys.path.insert(0, ROOT)
-    fx = gpt2_fixtures()
     import train_ppo
     from mingpt_rlhf.ppo_trainer import PPOTrainer
     steps, real_step = [], PPOTrainer.step
@@ -103,22 +116,170 @@ def ours_gpt2(threads: int, lora_rank: int) -> dict:
         start = time.perf_counter()
         out = real_step(self, *args, **kwargs)
         steps.append({"sec_per_iter": time.perf_counter() - start,
-                      **{k: out[1][k] for k in ("t_generate", "t_score", "t_learn", "resp_len")}})
+                      **{k: out[1][k] for k in ("t_generate", "t_score", "t_learn", "resp_len")},
+                      "peak": peak_rss_mb()})
         return out
     PPOTrainer.step = timed_step
-    warmup, iters = 1, 3
-    out_dir = tempfile.mkdtemp(prefix="vs_peers_")
-    train_ppo.main(train_ppo.Config(
-        sft_dir=fx["sft"], rm_dir=fx["rm"], prompts=fx["prompts"], out_dir=out_dir,
-        max_iters=warmup + iters, rollout_batch_size=GPT2["rows"], minibatch_size=GPT2["rows"] // 2,
-        ppo_epochs=1, max_new_tokens=GPT2["new"], critic="shared", ptx_coef=0.0, target_kl=0.0,
-        kl_coef=0.05, adaptive_kl=False, actor_lr=5e-5, eval_prompts=2, eval_interval=1000,
-        lora_rank=lora_rank, device="cpu", dtype="float32"))
+    try:
+        train_ppo.main(cfg)
+    finally:
+        PPOTrainer.step = real_step
     measured = steps[warmup:]
-    result = {k: round(statistics.median(s[k] for s in measured), 4) for k in measured[0]}
+    result = {k: round(statistics.median(s[k] for s in measured), 4) for k in measured[0] if k != "peak"}
     result.update(sec_per_iter_all=[round(s["sec_per_iter"], 3) for s in measured],
-                  peak_rss_mb=round(peak_rss_mb(), 1), lora_rank=lora_rank,
+                  resp_len_all=[s["resp_len"] for s in steps],
+                  peak_rss_mb_steps=round(steps[-1]["peak"], 1), peak_rss_mb=round(peak_rss_mb(), 1),
                   threads=torch.get_num_threads())
+    return result
+
+
+def ours_gpt2(threads: int, lora_rank: int) -> dict:
+    """train_ppo.main at GPT-2 shape: seconds of each PPOTrainer.step, the process's peak."""
+    import torch
+    torch.set_num_threads(threads)
+    os.environ["MINGPT_RLHF_PLOT"] = "0"
+    sys.path.insert(0, ROOT)
+    fx = gpt2_fixtures()
+    import train_ppo
+    warmup, iters = 1, 3
+    with tempfile.TemporaryDirectory(prefix="vs_peers_") as out_dir:  # its checkpoint: GBs at GPT-2 size
+        result = timed_train_ppo(train_ppo.Config(
+            sft_dir=fx["sft"], rm_dir=fx["rm"], prompts=fx["prompts"], out_dir=out_dir,
+            max_iters=warmup + iters, rollout_batch_size=GPT2["rows"], minibatch_size=GPT2["rows"] // 2,
+            ppo_epochs=1, max_new_tokens=GPT2["new"], critic="shared", ptx_coef=0.0, target_kl=0.0,
+            kl_coef=0.05, adaptive_kl=False, actor_lr=5e-5, eval_prompts=2, eval_interval=1000,
+            lora_rank=lora_rank, device="cpu", dtype="float32"), warmup)
+    result.update(lora_rank=lora_rank)
+    return result
+
+
+# ----------------------------------------------------------------------------- GRPO against trl 1.x
+GRPO_SHAPES = {"toy": dict(n_layer=4, n_head=4, n_embd=128),       # GPT-2's vocabulary
+               "gpt2": dict(n_layer=12, n_head=12, n_embd=768)}
+GRPO = dict(prompts=8, group=4, prompt=64, new=32)
+# the work of one step, the same as bench/peers/trl_grpo.py's: 8 prompts x 4, 32 new tokens,
+# one pass of one minibatch (one AdamW step), plain sampling
+GRPO_FLAGS = ["--algo", "grpo", "--group_size", str(GRPO["group"]),
+              "--rollout_batch_size", str(GRPO["prompts"] * GRPO["group"]),
+              "--minibatch_size", str(GRPO["prompts"] * GRPO["group"]), "--ppo_epochs", "1",
+              "--max_new_tokens", str(GRPO["new"]), "--temperature", "1", "--top_k", "0", "--top_p", "1"]
+# trl's settings in bench/peers/trl_grpo.py, in our options: the GRPO paper's normalisation
+# (group mean and std, each response's token mean) with beta x k3 in the loss at a fixed 0.04,
+# no early stop on approx-KL, no ptx, a cut-off response keeps its score (trl has no penalty)
+GRPO_EQUAL = ["--grpo_norm", "grpo", "--kl_in", "loss", "--kl_coef", "0.04", "--adaptive_kl", "false",
+              "--clip_range", "0.2", "--target_kl", "0", "--ptx_coef", "0", "--entropy_coef", "0",
+              "--penalize_missing_eos", "false", "--grad_clip", "1.0", "--actor_lr", "5e-5"]
+
+
+def trivial_reward(prompts, responses, **fields) -> list[float]:
+    """The grpo parts' reward (train_ppo's --reward FILE.py:FUNCTION): the fraction of a
+    response's characters that are vowels. As cheap as trl's side's, and the scores of a group
+    differ, so the advantages are not all 0."""
+    return [sum(c in "aeiou" for c in r) / max(len(r), 1) for r in responses]
+
+
+def unsampleable_eos(weights: str, eos_id: int, logit: float = 60.0) -> None:
+    """Make `eos_id` practically unsampleable in a GPT-2 safetensors file, so that every response
+    runs to --max_new_tokens on our side too (trl's side puts its EOS one past the vocabulary).
+    Its (tied) embedding row is set to -logit x b / |b|^2, b the final layer norm's bias: with
+    h = ln_f(x) = w * x_hat + b, its logit h . row = -logit (1 + b . (w * x_hat) / |b|^2), and
+    the second term is ~1/sqrt(n_embd) for these random weights: about -logit, while every
+    other logit is near 0. Only this row changes; no prompt holds EOS, so it is never an input."""
+    import struct
+    import torch
+    with open(weights, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+
+        def at(name):
+            return 8 + n + header[name]["data_offsets"][0]
+        C = header["ln_f.bias"]["shape"][0]
+        assert header["wte.weight"]["dtype"] == "F32" and eos_id < header["wte.weight"]["shape"][0]
+        f.seek(at("ln_f.bias"))
+        bias = torch.frombuffer(bytearray(f.read(4 * C)), dtype=torch.float32)
+        row = -logit * bias / bias.norm() ** 2
+        f.seek(at("wte.weight") + 4 * C * eos_id)
+        f.write(row.numpy().tobytes())
+
+
+def write_grpo_fixture(folder: str, n_layer: int, n_head: int, n_embd: int,
+                       n_merges: int = 50000, n_prompts: int = 200) -> str:
+    """The checkpoint both sides of a grpo part load, once: random weights in GPT-2's
+    safetensors layout (bench_pretrained.write_gpt2_checkpoint) with an unsampleable EOS, a
+    config.json that transformers and ours both read (dropouts 0; transformers' EOS one past the
+    vocabulary), a byte-level BPE of 256 + n_merges + 1 ids (GPT-2's size by default) for ours,
+    and prompts.jsonl of `n_prompts` texts of exactly 64 tokens. Returns `folder`."""
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from bench_pretrained import write_gpt2_checkpoint
+    from gpt2_scale import texts_of_length, write_bpe_files
+    from mingpt_rlhf.bpe import BPETokenizer
+    prompts_file = os.path.join(folder, "prompts.jsonl")
+    if os.path.exists(prompts_file):  # written last: its presence means the rest is there
+        return folder
+    os.makedirs(folder, exist_ok=True)
+    vocab = 256 + n_merges + 1
+    write_bpe_files(folder, n_merges)
+    weights = os.path.join(folder, "model.safetensors")
+    write_gpt2_checkpoint(weights, n_layer, n_embd, vocab=vocab)
+    unsampleable_eos(weights, eos_id=vocab - 1)  # <|endoftext|>, the last id
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab,
+                   "n_positions": 1024, "n_embd": n_embd, "n_layer": n_layer, "n_head": n_head,
+                   "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                   "summary_first_dropout": 0.0, "tie_word_embeddings": True,
+                   "bos_token_id": vocab, "eos_token_id": vocab, "pad_token_id": vocab}, f)
+    tok = BPETokenizer.from_pretrained(folder)
+    prompts, seed = [], 0
+    while len(prompts) < n_prompts:  # texts_of_length is +-1 token: keep the exact ones
+        prompts += [p for p in texts_of_length(tok, GRPO["prompt"], n_prompts, seed)
+                    if len(tok.encode(p)) == GRPO["prompt"]]
+        seed += 1
+    with open(prompts_file + ".part", "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts[:n_prompts])
+    os.replace(prompts_file + ".part", prompts_file)
+    return folder
+
+
+def grpo_dir(shape: str) -> str:
+    return os.path.join(FIXTURES, f"grpo_{shape}")
+
+
+def grpo_fixture(shape: str) -> str:
+    return write_grpo_fixture(grpo_dir(shape), **GRPO_SHAPES[shape])
+
+
+def grpo_argv(fixture: str, mode: str, iters: int, out_dir: str) -> list[str]:
+    """train_ppo's command line for a grpo part: the workload, then GRPO_EQUAL and the dtype
+    (mode float32 / bfloat16), or nothing more (mode defaults: ours's own defaults), then what
+    no step times (where the model, prompts and reward come from; evals only at the end)."""
+    if mode not in ("float32", "bfloat16", "defaults"):
+        raise ValueError(f"mode {mode!r}: float32, bfloat16 or defaults")
+    settings = [] if mode == "defaults" else GRPO_EQUAL + ["--dtype", mode]
+    return GRPO_FLAGS + settings + [
+        "--init_from", fixture, "--prompts", os.path.join(fixture, "prompts.jsonl"),
+        "--reward", f"{os.path.abspath(__file__)}:trivial_reward", "--device", "cpu",
+        "--max_iters", str(iters), "--out_dir", out_dir,
+        "--eval_prompts", "2", "--eval_interval", "1000", "--record_rollouts", "0"]
+
+
+def ours_grpo(threads: int, shape: str, mode: str, warmup: int = 1, iters: int = 3,
+              fixture: str = "") -> dict:
+    """train_ppo.main on a grpo part: seconds of each step and its phases, the process's peak."""
+    import torch
+    torch.set_num_threads(threads)
+    os.environ["MINGPT_RLHF_PLOT"] = "0"
+    sys.path.insert(0, ROOT)
+    import train_ppo
+    from mingpt_rlhf.cli import parse_config
+    fixture = fixture or grpo_fixture(shape)
+    with tempfile.TemporaryDirectory(prefix="vs_peers_") as out_dir:  # its checkpoint
+        argv = grpo_argv(fixture, mode, warmup + iters, out_dir)
+        cfg = parse_config(train_ppo.Config, argv)
+        result = timed_train_ppo(cfg, warmup)
+    assert set(result["resp_len_all"]) == {GRPO["new"]}, f"a response ended early: {result['resp_len_all']}"
+    result.update(shape=shape, mode=mode, dtype=cfg.dtype, argv=argv)
     return result
 
 
@@ -213,7 +374,22 @@ PARTS = {  # part: (our worker's arguments, the peer's command-line arguments)
                                    "--max_grad_norm", "1.0"]),
     "gen_tiny": (["generate", "tiny"], ["hf_generate.py", "--shape", "tiny"]),
     "gen_gpt2": (["generate", "gpt2"], ["hf_generate.py", "--shape", "gpt2"]),
+    **{f"grpo_{shape}{suffix}": (["grpo", shape, mode],
+                                 ["trl_grpo.py", "--shape", shape, "--init_from", grpo_dir(shape), *trl])
+       for shape in GRPO_SHAPES
+       for suffix, mode, trl in (("", "float32", ["--dtype", "float32"]),
+                                 ("_bf16", "bfloat16", ["--dtype", "bfloat16"]),
+                                 ("_defaults", "defaults", ["--trl_defaults"]))},
 }
+PEER_VENVS = {"trl_grpo.py": (PEER1_PY, "bench/peers/trl1/setup.sh")}  # else bench/peers/.venv
+
+
+def peer_python(script: str) -> str:
+    python, setup = PEER_VENVS.get(script, (PEER_PY, "bench/peers/setup.sh"))
+    if not os.path.exists(python):
+        raise SystemExit(f"no {os.path.relpath(os.path.dirname(os.path.dirname(python)), ROOT)}: "
+                         f"run `bash {setup}` first")
+    return python
 
 
 def last_json(cmd: list[str]) -> dict:
@@ -237,11 +413,12 @@ def main():
         result = (ours_toy(args.threads) if kind == "toy" else
                   ours_gpt2(args.threads, int(rest[0])) if kind == "gpt2" else
                   ours_generate(args.threads, rest[0]) if kind == "generate" else
+                  ours_grpo(args.threads, rest[0], rest[1]) if kind == "grpo" else
                   machine_rates(args.threads))
         print(json.dumps(result))
         return
-    if not os.path.exists(PEER_PY):
-        raise SystemExit("no bench/peers/.venv: run `bash bench/peers/setup.sh` first")
+    for part in args.part:
+        peer_python(PARTS[part][1][0])
     results = {}
     if os.path.exists(RESULTS):
         with open(RESULTS) as f:
@@ -249,6 +426,8 @@ def main():
     me = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--worker"]
     if any(p.startswith("gpt2") for p in args.part):
         gpt2_fixtures()  # built once, not timed
+    for shape in dict.fromkeys(PARTS[p][0][1] for p in args.part if p.startswith("grpo")):
+        grpo_fixture(shape)  # likewise
     rates = last_json(me + ["rates"])
     print("machine:", json.dumps(rates), flush=True)
     for part in args.part:
@@ -256,7 +435,7 @@ def main():
         rounds = []
         for r in range(args.rounds):
             ours = last_json(me + ours_args)
-            peer = last_json([PEER_PY, os.path.join(ROOT, "bench", "peers", peer_args[0]),
+            peer = last_json([peer_python(peer_args[0]), os.path.join(ROOT, "bench", "peers", peer_args[0]),
                               "--threads", str(args.threads), *peer_args[1:]])
             key = "sec_per_generate" if part.startswith("gen") else "sec_per_iter"
             rounds.append({"ours": ours, "peer": peer,
@@ -280,6 +459,10 @@ def main():
             summary["floors_s"] = gpt2_floors(rates, lora=part == "gpt2_lora")
             summary["ours_phases_s"] = {k: statistics.median(x["ours"][k] for x in rounds)
                                         for k in ("t_generate", "t_score", "t_learn")}
+        if part.startswith("grpo"):
+            for side in ("ours", "peer"):
+                summary[f"{side}_phases_s"] = {k: statistics.median(x[side][k] for x in rounds)
+                                               for k in ("t_generate", "t_score", "t_learn")}
         results[part] = {"summary": summary, "rounds": rounds}
         print(part, json.dumps(summary), flush=True)
     import torch
