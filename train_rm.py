@@ -45,6 +45,7 @@ from mingpt_rlhf.metrics import MetricsLog
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
+from mingpt_rlhf.task_base import check_labeller_faults
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS, same_tokenizer
 
@@ -58,6 +59,13 @@ class Config:
     data: str = opt("", "JSONL of {prompt, chosen, rejected} lines; replaces the task's pairs")
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
     n_pairs: int = opt(24000, "built-in task: number of training pairs the labeller makes")
+    label_noise: float = opt(0.0, "built-in task: flip each pair's label with this probability "
+                                  "(0-0.5), on top of the labeller's own errors (eval pairs "
+                                  "too; the gold reward stays exact)")
+    length_bias: float = opt(0.0, "built-in task: the labeller's taste for length, 0-1: with "
+                                  "this probability a pair's label goes to the longer "
+                                  "response (more words), whatever the gold; else its own "
+                                  "label stands (mingpt_rlhf/task_base.labeller_faults)")
     epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
     batch_size: int = opt(32, "pairs per micro-batch and process (an optimizer step sees "
                               "batch_size x grad_accum x processes under torchrun)")
@@ -153,6 +161,10 @@ def main(cfg: Config) -> dict:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     check_lora_options(cfg)
     require_data_for_eval_data(cfg)
+    check_labeller_faults(cfg.label_noise, cfg.length_bias)
+    if cfg.data and (cfg.label_noise or cfg.length_bias):
+        raise UserError("--label_noise and --length_bias are faults of the built-in task's "
+                        "labeller; with --data your labels are used as they are: drop them")
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
@@ -170,7 +182,8 @@ def main(cfg: Config) -> dict:
     require_room_for_prompt(cfg.max_new_tokens, norm_sampler.config.block_size)  # normalisation samples
 
     # ---- data
-    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
+    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs,
+                                          label_noise=cfg.label_noise, length_bias=cfg.length_bias)
     if task is not None:
         task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")

@@ -308,8 +308,11 @@ def task_of_tokenizer(tokenizer):
     return None
 
 
-def get_task(name: str, **kwargs):
-    """The built-in task called `name`, built with `kwargs` (seed, sizes, tau, ...)."""
+def get_task(name: str, label_noise: float = 0.0, length_bias: float = 0.0, **kwargs):
+    """The built-in task called `name`, built with `kwargs` (seed, sizes, tau, ...), its
+    labeller given the faults `label_noise` and `length_bias` (task_base.labeller_faults)."""
     if name not in TASKS:
         raise UserError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name](**kwargs)
+    task = TASKS[name](**kwargs)
+    task.set_labeller(label_noise, length_bias)
+    return task

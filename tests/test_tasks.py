@@ -3,6 +3,7 @@
 import pytest
 
 from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.task_base import labeller_faults, response_length
 from mingpt_rlhf.tasks import TASKS, PreferencePair, ReviewsTask, get_task, gold_agreement
 
 
@@ -224,3 +225,85 @@ def test_sample_and_tasks_recognise_a_policy_by_its_vocabulary():
     from mingpt_rlhf.tasks import task_of_tokenizer
     assert task_of_tokenizer(get_task("sort").tokenizer()).name == "sort"
     assert task_of_tokenizer(get_task("reviews").tokenizer()).name == "reviews"
+
+
+# ----------------------------------------------------------------------------- the labeller's faults
+def _pairs(n=10000, **faults):
+    return get_task("reviews", seed=0, n_pairs_train=n, **faults).preference_pairs("train")
+
+
+@pytest.fixture(scope="module")
+def clean_pairs():
+    return _pairs()
+
+
+def test_label_noise_flips_its_share_of_labels_and_nothing_else(clean_pairs):
+    """On 10,000 pairs the share of labels --label_noise 0.25 swaps is 0.25 within 0.01 (the
+    binomial's std is 0.0043); every pair keeps its prompt and its two responses."""
+    noisy = _pairs(label_noise=0.25)
+    assert [(p.prompt, {p.chosen, p.rejected}) for p in noisy] == \
+        [(p.prompt, {p.chosen, p.rejected}) for p in clean_pairs]
+    flipped = sum(a.chosen != b.chosen for a, b in zip(clean_pairs, noisy)) / len(noisy)
+    assert flipped == pytest.approx(0.25, abs=0.01)
+    # a pair flipped at 0.1 is flipped at 0.25 too: the draws are shared between settings
+    less = _pairs(label_noise=0.1)
+    assert all(b.chosen != a.chosen for a, b, c in zip(clean_pairs, noisy, less) if c.chosen != a.chosen)
+
+
+def test_length_bias_turns_its_share_of_the_labels_it_can_turn(clean_pairs):
+    """--length_bias 0.3: of the pairs whose own label chose the shorter response (4,174 of
+    10,000 here; the estimate's std is 0.007), 0.3 within 0.01 now choose the longer; a label
+    that already chose the longer, or two responses of one length, is never changed."""
+    biased = _pairs(length_bias=0.3)
+    turned = [b.chosen != a.chosen for a, b in zip(clean_pairs, biased)
+              if response_length(a.chosen) < response_length(a.rejected)]
+    assert len(turned) > 4000
+    assert sum(turned) / len(turned) == pytest.approx(0.3, abs=0.01)
+    assert all(a == b for a, b in zip(clean_pairs, biased)
+               if response_length(a.chosen) >= response_length(a.rejected))
+    # and with it the labels prefer length: the longer side is chosen more often than before
+    longer = [sum(response_length(p.chosen) > response_length(p.rejected) for p in ps)
+              for ps in (clean_pairs, biased)]
+    assert longer[1] > longer[0]
+
+
+def test_labeller_faults_by_hand():
+    """The rule on drawn numbers: u < a turns a shorter choice to the longer, then v < p flips."""
+    class Draws:  # rng.random() returns these in order: (u, v) per pair
+        def __init__(self, values):
+            self.values = iter(values)
+
+        def random(self):
+            return next(self.values)
+    pair = PreferencePair("p", chosen="dull .", rejected="very dull and the plot was bland .")
+    same = labeller_faults([pair], 0.0, 0.5, Draws([0.6, 0.9]))[0]
+    assert same == pair                                               # u >= a: its own label
+    longer = labeller_faults([pair], 0.0, 0.5, Draws([0.4, 0.9]))[0]
+    assert longer.chosen == pair.rejected                             # u < a: the longer
+    both = labeller_faults([pair], 0.3, 0.5, Draws([0.4, 0.2]))[0]
+    assert both == pair                                               # then v < p flips it back
+
+
+def test_the_gold_and_the_clean_labels_do_not_move_with_the_faults(clean_pairs):
+    task = get_task("reviews", seed=0, label_noise=0.25, length_bias=0.5)
+    assert task.gold_reward("the film was", "very superb . <eos>") == 1.0
+    assert _pairs(n=10000, label_noise=0.0, length_bias=0.0) == clean_pairs
+
+
+@pytest.mark.parametrize("faults, needle", [(dict(label_noise=0.6), "label_noise"),
+                                            (dict(label_noise=-0.1), "label_noise"),
+                                            (dict(length_bias=1.5), "length_bias"),
+                                            (dict(length_bias=-1), "length_bias")])
+def test_impossible_faults_are_user_errors(faults, needle):
+    with pytest.raises(UserError, match=needle):
+        get_task("reviews", **faults)
+
+
+@pytest.mark.parametrize("argv, needle", [(["--label_noise", "0.7"], "--label_noise"),
+                                          (["--length_bias", "-0.2"], "--length_bias"),
+                                          (["--label_noise", "0.1", "--data", "prefs.jsonl"],
+                                           "drop them")])
+def test_train_rm_refuses_impossible_faults_with_exit_2(argv, needle, capsys, tmp_path):
+    from conftest import exits_2
+    line = exits_2(capsys, "train_rm", argv + ["--out_dir", str(tmp_path)])
+    assert needle in line
