@@ -34,6 +34,7 @@ import sys
 
 from .cli import OneLineParser
 from .errors import UserError
+from .losses import default_kl_estimator
 from .metrics import read_metrics
 from .plot import stage_of
 
@@ -75,22 +76,26 @@ def run_options(folder: str) -> dict | None:
 
 
 def kl_legend(options: dict | None) -> str:
-    """What the KL penalty charges, for the token view's KL legend: the summed log-ratio is the
-    logged kl, but the penalty is charged on it only with the KL in the reward; with --kl_in
-    loss the penalty is another estimate (k3) of each token, in the loss. A run whose options
-    are unknown gets both."""
+    """What the KL penalty charges, for the token view's KL legend. The summed log-ratio x is
+    the logged kl, but the penalty is beta x the run's --kl_estimator of each token (k1 = x,
+    k2 = x^2 / 2, k3 = e^(-x) + x - 1), in the reward or in the loss (--kl_in): only k1 in
+    the reward charges that sum. A run whose options are unknown gets both defaults."""
     summed = "Summed over the response it is the kl of the curves (the k1 estimate of the KL)"
-    reward = ("the penalty charges beta x that sum, in the reward (PPO and REINFORCE++: -beta x "
-              "this number on each token; GRPO and RLOO: once per response)")
-    loss = ("the penalty charges beta x the k3 estimate of each token, e^(-x) + x - 1 for this "
-            "number x, in the loss (never below 0), and nothing in the reward")
+    estimate = {"k1": "this number itself", "k2": "x^2 / 2 for this number x",
+                "k3": "e^(-x) + x - 1 for this number x"}
+    where = {"reward": "in the reward, on each token (GRPO and RLOO: summed, once per response)",
+             "loss": "in the loss, reduced like the surrogate, and nothing in the reward"}
     placement = (options or {}).get("kl_in")
-    if placement == "reward":
-        return f"{summed}; with the KL in the reward (--kl_in reward), {reward}."
-    if placement == "loss":
-        return f"{summed}; with the KL in the loss (--kl_in loss), {loss}."
-    return (f"{summed}. With --kl_in reward {reward}; with --kl_in loss {loss} (this run's "
-            f"placement is unknown).")
+    if placement not in where:  # no checkpoint, or "auto" from before it was resolved
+        return (f"{summed}. The penalty charges beta x that sum in the reward (--kl_in "
+                f"reward), or beta x the k3 estimate of each token, {estimate['k3']}, in the "
+                f"loss (--kl_in loss); this run's placement is unknown.")
+    estimator = options.get("kl_estimator")
+    if estimator not in estimate:  # a run from before --kl_estimator, or "auto"
+        estimator = default_kl_estimator(placement)
+    return (f"{summed}; this run's penalty (--kl_in {placement}, --kl_estimator {estimator}) "
+            f"charges beta x the {estimator} estimate of each token, {estimate[estimator]}, "
+            f"{where[placement]}.")
 
 
 def read_report_run(folder: str) -> dict:

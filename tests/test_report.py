@@ -194,17 +194,22 @@ def test_the_page_holds_the_numbers_of_the_run_files(ppo_run, tmp_path):
 
 
 def test_the_kl_legend_says_what_the_penalty_charges_for_the_runs_placement(ppo_run, tmp_path):
-    """The summed log-ratio is the logged kl; the penalty charges it only with the KL in the
-    reward. With --kl_in loss it charges the k3 estimate per token, in the loss; a run of
-    unknown options is told both. A run's page carries its own placement's sentence (the PPO
-    run's KL is in the reward), which report.js appends to the KL legend."""
-    in_reward, in_loss = report.kl_legend({"kl_in": "reward"}), report.kl_legend({"kl_in": "loss"})
-    assert "beta x that sum, in the reward" in in_reward and "k3" not in in_reward
-    assert "k3 estimate of each token" in in_loss and "in the loss" in in_loss
-    assert "nothing in the reward" in in_loss and "that sum, in the reward" not in in_loss
-    for unknown in (None, {}):
+    """The summed log-ratio is the logged kl; the penalty charges it (k1) only with the KL in
+    the reward by default. With --kl_in loss it charges the k3 estimate per token, in the loss;
+    another --kl_estimator is named with its formula; a run of unknown options is told both
+    defaults. A run's page carries its own sentence (the PPO run's KL is k1 in the reward),
+    which report.js appends to the KL legend."""
+    in_reward = report.kl_legend({"kl_in": "reward", "kl_estimator": "k1"})
+    assert "beta x the k1 estimate of each token, this number itself, in the reward" in in_reward
+    assert "k3" not in in_reward and report.kl_legend({"kl_in": "reward"}) == in_reward
+    in_loss = report.kl_legend({"kl_in": "loss", "kl_estimator": "auto"})  # k3, the default
+    assert "beta x the k3 estimate of each token, e^(-x) + x - 1" in in_loss
+    assert "in the loss" in in_loss and "nothing in the reward" in in_loss
+    k2 = report.kl_legend({"kl_in": "reward", "kl_estimator": "k2"})
+    assert "k2 estimate of each token, x^2 / 2" in k2 and "in the reward" in k2
+    for unknown in (None, {}, {"kl_in": "auto"}):
         both = report.kl_legend(unknown)
-        assert "that sum, in the reward" in both and "k3" in both and "unknown" in both
+        assert "that sum in the reward" in both and "k3" in both and "unknown" in both
     folder = copy_run(ppo_run[0], tmp_path / "ppo")
     (run,) = embedded_data(open(report.write_report([str(folder)])).read())["runs"]
     assert run["options"]["kl_in"] == "reward" and run["kl_legend"] == in_reward
@@ -312,9 +317,9 @@ def test_the_page_runs_in_chromium_without_an_error(ppo_run, grpo_episodes, tmp_
     assert tips["data-token-tip"].startswith("token ") and "advantage" in tips["data-token-tip"]
     assert "at step" in tips["data-curve-tip"] and tips["data-legend"].startswith("0")
     assert "entropy" in tips["data-legend"]
-    # the PPO run's KL is in the reward: its KL legend says what that charges (report.kl_legend)
+    # the PPO run's KL is k1 in the reward: its KL legend says what that charges (report.kl_legend)
     assert "how much more likely" in tips["data-kl-legend"]
-    assert "beta x that sum, in the reward" in tips["data-kl-legend"]
+    assert "beta x the k1 estimate of each token, this number itself, in the reward" in tips["data-kl-legend"]
     shot = os.environ.get("MINGPT_RLHF_SCREENSHOT") or str(tmp_path / "report.png")
     done = browse(browser, page, "--window-size=1400,1500", f"--screenshot={shot}")
     assert done.returncode == 0 and open(shot, "rb").read(8) == b"\x89PNG\r\n\x1a\n", done.stderr[-2000:]
