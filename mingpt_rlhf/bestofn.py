@@ -22,16 +22,20 @@ from .evaluate import generate_batches, response_texts
 
 @torch.no_grad()
 def best_of_n(policy, reward_model, tokenizer, prompts: list[str], n: int, max_new_tokens: int,
-              temperature: float = 1.0, missing_eos_penalty: float = -1.0, generator=None,
+              temperature: float = 1.0, missing_eos_penalty: float | None = -1.0, generator=None,
               batch_size: int = 256):
-    """(best response per prompt, its score, generated tokens per prompt on average)."""
+    """(best response per prompt, its score, generated tokens per prompt on average).
+    `missing_eos_penalty=None` keeps a cut-off response's own score, as train_ppo.py's
+    `--penalize_missing_eos false` does (a task whose responses have no EOS)."""
     repeated = [p for p in prompts for _ in range(n)]  # n copies of each prompt, side by side
     texts, scores, n_tokens = [], [], 0
     for out in generate_batches(policy, tokenizer, repeated, max_new_tokens, batch_size,
                                 temperature=temperature, generator=generator):
         s = reward_model(out.sequences, out.attention_mask).float()
         ended = ((out.sequences == tokenizer.eos_id) & out.action_mask.bool()).any(-1)
-        scores.append(torch.where(ended, s, torch.full_like(s, missing_eos_penalty)).cpu())
+        if missing_eos_penalty is not None:
+            s = torch.where(ended, s, torch.full_like(s, missing_eos_penalty))
+        scores.append(s.cpu())
         texts += response_texts(tokenizer, out)
         n_tokens += out.action_mask.sum().item()
     scores = torch.cat(scores).view(len(prompts), n)  # (P, n)
