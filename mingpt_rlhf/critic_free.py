@@ -22,9 +22,11 @@ import torch
 
 
 def grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(B,) -> (B / k, k): one row per prompt."""
+    """(B,) -> (B / k, k): one row per prompt, in float32 at least (float64 stays float64:
+    the gradient oracle, gradients.py, computes in it)."""
     if group_size < 2 or scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} responses do not split into groups of {group_size} (>= 2)")
+    scores = scores if scores.dtype == torch.float64 else scores.float()
     return scores.view(-1, group_size)
 
 
@@ -32,7 +34,7 @@ def group_advantages(scores: torch.Tensor, group_size: int, normalise_std: bool 
                      eps: float = 1e-4) -> torch.Tensor:
     """(B,) GRPO advantages: reward minus its group's mean, divided by the group's (unbiased)
     std + eps if `normalise_std` (GRPO) or not (Dr. GRPO)."""
-    g = grouped(scores.float(), group_size)
+    g = grouped(scores, group_size)
     adv = g - g.mean(-1, keepdim=True)
     if normalise_std:
         adv = adv / (g.std(-1, keepdim=True) + eps)
@@ -41,14 +43,14 @@ def group_advantages(scores: torch.Tensor, group_size: int, normalise_std: bool 
 
 def leave_one_out_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B,) RLOO advantages: each reward minus the mean of the other k - 1 of its group."""
-    g = grouped(scores.float(), group_size)
+    g = grouped(scores, group_size)
     others = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
     return (g - others).reshape(-1)
 
 
 def zero_group_fraction(scores: torch.Tensor, group_size: int) -> float:
     """Share of the groups whose rewards are all equal (they teach nothing)."""
-    g = grouped(scores.float(), group_size)
+    g = grouped(scores, group_size)
     return (g.max(-1).values == g.min(-1).values).float().mean().item()
 
 

@@ -1,161 +1,406 @@
-"""The gradient oracle: a world small enough to list, where every expected gradient is exact.
+"""The gradient oracle: the direction every configuration of the trainer pushes the policy, exactly.
 
 A language model's RL loss is a function of samples; what moves the policy is its gradient
-*in expectation over the samples*. Tests of loss values on a few tensors never see that
-direction. Here the policy is so small that every response y and its probability pi(y) can be
-listed, so an expectation is a finite sum, computed exactly in float64:
+*in expectation over the samples*, and a test of a loss's value on a few tensors never sees
+that direction. In the enumerable world of tabular.py every batch of responses can be
+listed with its probability, so the expected gradient of the trainer's own loss (losses.py:
+the advantages, the surrogate, the reduction, the KL estimator where it is placed) is a
+finite sum, computed exactly in float64 (`expected_update`). Beside it, the gradient of the
+objective the method claims, J = E[r] - beta KL(pi || ref), and for the biased
+configurations the closed form of what they follow instead (FOLLOWS).
 
-- **the world**: a vocabulary of two words (A, B) and EOS; a response is at most `MAX_LEN`
-  tokens, ended by EOS or cut off after `MAX_LEN` words: 15 responses in all. The prompt is
-  one fixed token. `TabularPolicy` has one learnable logit vector per prefix of the
-  response (7 prefixes), behind the interface the trainer calls (`trunk`, `logits`,
-  `forward(idx, attention_mask)` -> (B, T, V) logits), so the package's own log-prob code
-  scores it. A reference policy `ref` (random logits) and a reward r(y) (random in [-1, 1])
-  complete the world.
-- **the objective** every RLHF method claims to maximise, J = E_pi[r] - beta KL(pi || ref),
-  its gradient by autograd through the listed sum, and its maximiser in closed form,
-  pi*(y) = ref(y) exp(r(y) / beta) / Z, with J(pi*) = beta log Z.
+ROWS holds one configuration for each entry of every table of losses.py (a test checks that
+none is missing); `exact_ascent` follows a row's expected update from the reference until it
+stops, to see where it ends: at pi*, the maximiser of J, or elsewhere.
 
-Every function here is checked in tests/test_gradients.py.
+    python -m mingpt_rlhf.gradients     # the table of every row (bench/results/gradients.json)
 """
 from __future__ import annotations
 
-import itertools
+import json
 import math
+import os
+import time
 from dataclasses import dataclass
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
-import torch.nn as nn
 
-PAD, EOS, A, B = 0, 1, 2, 3       # token ids; PAD only fills the columns after a response
-WORDS = (A, B)
-VOCAB = 4
-MAX_LEN = 3                        # the generation budget (max_new_tokens)
-PROMPT = EOS                       # the one-token prompt (GPT-2 opens a text with its EOS)
-
-# every prefix at which the policy chooses a token: 0, 1 or 2 words (7 of them)
-PREFIXES = [p for n in range(MAX_LEN) for p in itertools.product(WORDS, repeat=n)]
-PREFIX_INDEX = {p: i for i, p in enumerate(PREFIXES)}
-DEAD = len(PREFIXES)               # a position past the end of the response: nothing to choose
-# every response: up to MAX_LEN - 1 words then EOS, or MAX_LEN words cut off (no EOS)
-RESPONSES = ([p + (EOS,) for p in PREFIXES]
-             + list(itertools.product(WORDS, repeat=MAX_LEN)))
+from .cli import opt, run
+from .logprobs import sequence_logprobs
+from .losses import KL_ESTIMATORS, LossSpec, actor_loss, experience_advantages
+from .ppo import gae
+from .refinements import truncated_is_weights
+from .tabular import (CHOICES, MAX_LEN, PAD, PREFIX_INDEX, PREFIXES, RESPONSES, TabularPolicy,
+                      World, conditionals, kl, make_world, objective_gradient,
+                      optimal_policy, response_batch, response_logprobs, visits)
 
 
-def response_batch(responses=RESPONSES):
-    """(sequences (Y, 1 + MAX_LEN), attention_mask (Y, 1 + MAX_LEN), action_mask (Y, MAX_LEN)):
-    the prompt token, then each response right-padded with PAD, as the sampler returns them."""
-    rows = [[PROMPT, *y] + [PAD] * (MAX_LEN - len(y)) for y in responses]
-    sequences = torch.tensor(rows)
-    action_mask = (sequences[:, 1:] != PAD).double()
-    attention_mask = torch.cat([torch.ones(len(rows), 1), action_mask], 1).long()
-    return sequences, attention_mask, action_mask
+# ----------------------------------------------------------------------------- the oracle
+@dataclass(frozen=True)
+class Row:
+    """One configuration of the trainer, as the oracle runs it.
+
+    spec: the entry of each role (losses.LossSpec). batch: responses per batch, a group for
+    the group estimators; the oracle lists every ordered batch of `batch` responses drawn
+    independently from the sampler, |Y|^batch of them, each weighed by its probability.
+    sampler: "current" (the first minibatch: the policy that learns sampled the batch, ratio
+    1), "behind" (a later minibatch: batch, stored log-probs and advantages come from the
+    policy one update behind, so the ratio and its clip are at work) or "lagging" (an
+    asynchronous sampler one update behind; the learner scored the batch, as with
+    --sampler_lag 1). values (gae only): "exact" (the value of each prefix under the sampler,
+    of the rewards the trainer makes) or "arbitrary" (fixed random numbers). tis_cap: as
+    --tis_cap. whiten False: gae's advantages before the whitening the trainer applies (a
+    component, not a configuration: what the whitening changes is the difference)."""
+    name: str
+    spec: LossSpec
+    batch: int = 3
+    sampler: str = "current"
+    values: str = "exact"
+    tis_cap: float = 0.0
+    whiten: bool = True
+    follows: str | None = None   # the closed form (FOLLOWS) its update equals, times `scale`
+    scale: float = 1.0
 
 
-class TabularPolicy(nn.Module):
-    """A policy with one free logit vector per prefix of the response: every distribution over
-    RESPONSES is one of its settings. Its "hidden state" at a position is the one-hot code of
-    the prefix written so far, and the output layer is the table, so `logprobs.lm_logprobs`
-    and the trainer's slicing (hidden[:, T-1:-1] scores the response) apply unchanged."""
-
-    def __init__(self, logits: torch.Tensor | None = None):
-        super().__init__()
-        table = torch.zeros(len(PREFIXES), VOCAB, dtype=torch.float64) if logits is None else logits
-        self.table = nn.Parameter(table.detach().clone().double())
-        self.config = SimpleNamespace(vocab_size=VOCAB)  # what lm_logprobs reads
-
-    def trunk(self, idx: torch.Tensor, attention_mask=None) -> torch.Tensor:
-        """(B, T) tokens -> (B, T, P + 1) one-hot code of the response prefix ending at each
-        position (the prompt is position 0; a position past EOS or the budget is DEAD)."""
-        codes = []
-        for row in idx.tolist():
-            response = row[1:]
-            codes.append([PREFIX_INDEX.get(tuple(response[:t]), DEAD) for t in range(len(row))])
-        return torch.nn.functional.one_hot(torch.tensor(codes), DEAD + 1).double()
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., P + 1) codes -> (..., V) logits; a DEAD position gets zeros (it is masked)."""
-        return hidden[..., :DEAD] @ self.table
-
-    def forward(self, idx: torch.Tensor, attention_mask=None) -> torch.Tensor:
-        return self.logits(self.trunk(idx, attention_mask))  # (B, T, V)
+def _prefix_values(sampler_logp, rewards, action_mask):
+    """(Y, N) value of the prefix before each token, under the sampler: the expected sum of
+    the rewards from that token on, over the responses that share the prefix."""
+    prob = sampler_logp.exp()                                          # (Y,)
+    to_go = rewards.flip(-1).cumsum(-1).flip(-1)                       # (Y, N) rewards from t on
+    values = torch.zeros_like(rewards)
+    for i, y in enumerate(RESPONSES):
+        for t in range(len(y)):
+            through = [j for j, z in enumerate(RESPONSES) if z[:t] == y[:t]]
+            mass = prob[through]
+            values[i, t] = (mass * to_go[through, t]).sum() / mass.sum()
+    return values * action_mask
 
 
-# ----------------------------------------------------------------------------- the world
-@dataclass
-class World:
-    ref: torch.Tensor      # (P, V) the reference policy's logits
-    reward: torch.Tensor   # (Y,) r(y) of each response of RESPONSES
-    beta: float            # the KL coefficient of J
-
-
-def make_world(seed: int = 0, beta: float = 0.5) -> World:
-    """A reference with random logits (N(0, 1)) and rewards drawn uniformly in [-1, 1]."""
+def arbitrary_values(seed: int = 7) -> torch.Tensor:
+    """(Y, N) a critic that knows nothing: a fixed random value per prefix."""
     gen = torch.Generator().manual_seed(seed)
-    ref = torch.randn(len(PREFIXES), VOCAB, generator=gen, dtype=torch.float64)
-    reward = torch.rand(len(RESPONSES), generator=gen, dtype=torch.float64) * 2 - 1
-    return World(ref, reward, beta)
+    per_prefix = torch.randn(len(PREFIXES), generator=gen, dtype=torch.float64)
+    _, _, action_mask = response_batch()
+    values = torch.tensor([[per_prefix[PREFIX_INDEX[y[:t]]].item() if t < len(y) else 0.0
+                            for t in range(MAX_LEN)] for y in RESPONSES])
+    return values * action_mask
 
 
-# the (prefix index, token) of each response's choices, for the direct computation below
-_CHOICES = [[(PREFIX_INDEX[y[:t]], tok) for t, tok in enumerate(y)] for y in RESPONSES]
+def expected_update(row: Row, table: torch.Tensor, world: World,
+                    behind: torch.Tensor | None = None) -> torch.Tensor:
+    """(P, V) the direction the trainer moves the table in expectation: minus the gradient of
+    the expected loss over every batch the sampler can draw, at the learner's `table`
+    (`behind`: the policy one update earlier, for the samplers other than "current").
 
-
-def conditionals(table: torch.Tensor) -> torch.Tensor:
-    """(P, V) log pi(token | prefix), PAD excluded (the trainer never lets the policy write it)."""
-    logp = torch.log_softmax(table[:, 1:], -1)
-    return torch.cat([torch.full_like(table[:, :1], -math.inf), logp], 1)
-
-
-def response_logprobs(table: torch.Tensor) -> torch.Tensor:
-    """(Y,) log pi(y) of every response, straight from the table: the sum of its choices'
-    conditional log-probs. Independent of the package's log-prob code, which tests compare."""
-    cond = conditionals(table)
-    return torch.stack([sum(cond[p, tok] for p, tok in choices) for choices in _CHOICES])
-
-
-def kl(table: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """KL(pi || other) over whole responses, in nats."""
-    logp, logq = response_logprobs(table), response_logprobs(other)
-    return (logp.exp() * (logp - logq)).sum()
-
-
-def objective(table: torch.Tensor, world: World) -> torch.Tensor:
-    """J = E_pi[r] - beta KL(pi || ref), summed over every response."""
-    logp = response_logprobs(table)
-    return (logp.exp() * world.reward).sum() - world.beta * kl(table, world.ref)
-
-
-def objective_gradient(table: torch.Tensor, world: World) -> torch.Tensor:
-    """(P, V) grad J by autograd through the listed sum (0 in the PAD column)."""
+    The loss of each batch is the trainer's own, from losses.py: `experience_advantages`
+    (the KL penalty, the advantages, TIS weights) on the sampler's numbers, then
+    `actor_loss` on the learner's log-probs. Log-probs come from the package's
+    `sequence_logprobs` on the tabular policy, as the trainer computes them."""
+    spec = row.spec
+    sequences, attention_mask, action_mask = response_batch()
     theta = table.detach().clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(objective(theta, world), theta)
+
+    def scored(model, entropy=None):
+        return sequence_logprobs(model, sequences, attention_mask, 1, suppress=PAD,
+                                 entropy=entropy)
+
+    logprobs, entropy = scored(TabularPolicy.of(theta), "grad")
+    with torch.no_grad():
+        ref = scored(TabularPolicy(world.ref))[0] * action_mask
+        now = logprobs.detach() * action_mask
+        before = scored(TabularPolicy(behind))[0] * action_mask if behind is not None else now
+    if row.sampler == "current":
+        sampler, stored = now, now          # stored: the log-probs kept in the experience
+    elif row.sampler == "behind":
+        sampler, stored = before, before
+    elif row.sampler == "lagging":
+        sampler, stored = before, now
+    else:
+        raise ValueError(f"unknown sampler {row.sampler!r}")
+    weights = None
+    if row.tis_cap > 0:
+        weights, _ = truncated_is_weights(stored, sampler, action_mask, row.tis_cap)
+    placed = torch.zeros_like(action_mask)
+    placed[torch.arange(len(RESPONSES)), action_mask.sum(-1).long() - 1] = world.reward
+    if spec.advantages == "gae" and row.values == "exact":
+        penalty = (KL_ESTIMATORS[spec.kl_estimator](stored, ref) * action_mask
+                   if spec.kl_in == "reward" else 0.0)
+        values = _prefix_values(sampler.sum(-1), placed - world.beta * penalty, action_mask)
+    elif spec.advantages == "gae":
+        values = arbitrary_values()
+    else:
+        values = torch.zeros_like(action_mask)
+
+    # every ordered batch: (Y^n, n) indices into RESPONSES, and its probability
+    index = torch.cartesian_prod(*[torch.arange(len(RESPONSES))] * row.batch).view(-1, row.batch)
+    prob = sampler.sum(-1).exp()[index].prod(-1)                       # (Y^n,)
+
+    def batch_loss(lp, ent, old, ref_lp, stored_lp, value, place, mask, weight):
+        if row.whiten:
+            _, advantages, _ = experience_advantages(place, stored_lp, ref_lp, value, mask, spec,
+                                                     world.beta, True,
+                                                     weight if row.tis_cap > 0 else None)
+        else:  # the component: gae's advantages as they are before the whitening
+            rewards = place
+            if spec.kl_in == "reward":
+                rewards = place - world.beta * KL_ESTIMATORS[spec.kl_estimator](stored_lp, ref_lp) * mask
+            advantages, _ = gae(rewards, value, mask, spec.gamma, spec.lam)
+        loss, _ = actor_loss(lp, ent, old, ref_lp, advantages, mask, spec, world.beta, MAX_LEN)
+        return loss
+
+    ones = torch.ones_like(action_mask)
+    losses = torch.vmap(batch_loss)(
+        logprobs[index], entropy[index], stored[index], ref[index], stored[index],
+        values[index], placed[index], action_mask[index],
+        (weights if weights is not None else ones)[index])
+    (grad,) = torch.autograd.grad((prob * losses).sum(), theta)
+    return -grad
+
+
+# ----------------------------------------------------------------------------- what rows follow
+def _grad(fn, table):
+    theta = table.detach().clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(fn(theta), theta)
     return grad
 
 
-def table_of(probs: torch.Tensor) -> torch.Tensor:
-    """(P, V) logits of the tabular policy whose response distribution is `probs` (Y,): at each
-    prefix, the probability of each next token is the mass of the responses that continue
-    with it, over the mass of the responses through the prefix."""
-    mass = {}
-    for y, p in zip(RESPONSES, probs):
-        for t in range(len(y) + 1):
-            mass[y[:t]] = mass.get(y[:t], 0.0) + p
-    table = torch.zeros(len(PREFIXES), VOCAB, dtype=torch.float64)
-    for i, prefix in enumerate(PREFIXES):
-        for tok in (EOS, *WORDS):
-            table[i, tok] = torch.log(mass[prefix + (tok,)] / mass[prefix])
-    return table
+def reward_gradient(table, world):
+    """grad E_pi[r]: the objective without its KL (beta = 0)."""
+    return objective_gradient(table, World(world.ref, world.reward, 0.0))
 
 
-def optimal_policy(world: World) -> torch.Tensor:
-    """(P, V) logits of pi* = ref exp(r / beta) / Z, the maximiser of J."""
-    logits = response_logprobs(world.ref) + world.reward / world.beta
-    return table_of(torch.softmax(logits, 0))
+def estimate_sums(table, world, estimator: str) -> torch.Tensor:
+    """(Y,) each response's sum of an estimator's per-token values (k1, k2, k3 of
+    KL(pi || ref)), from the tables; written apart from losses.KL_ESTIMATORS on purpose."""
+    cond, ref = conditionals(table), conditionals(world.ref)
+    sums = []
+    for choices in CHOICES:
+        d = torch.stack([cond[p, tok] - ref[p, tok] for p, tok in choices])
+        per_token = {"k1": d, "k2": d ** 2 / 2, "k3": torch.exp(-d) + d - 1}[estimator]
+        sums.append(per_token.sum())
+    return torch.stack(sums)
 
 
-def optimal_value(world: World) -> float:
-    """J(pi*) = beta log E_ref[exp(r / beta)]."""
-    logz = torch.logsumexp(response_logprobs(world.ref) + world.reward / world.beta, 0)
-    return world.beta * logz.item()
+def semi_gradient(table, world, estimator: str):
+    """grad of E_pi[r - beta K] with K, the response's summed estimates, held fixed: what a
+    penalty in the reward follows (REINFORCE sees the penalty as a number, not a function of
+    the policy). With k1 it is grad J exactly (E_pi[grad log pi] = 0 takes K's own gradient
+    away); with k2 or k3 it is the gradient of no fixed objective."""
+    shaped = (world.reward - world.beta * estimate_sums(table, world, estimator)).detach()
+    return _grad(lambda theta: (response_logprobs(theta).exp() * shaped).sum(), table)
+
+
+def local_kl_gradient(table, world, direction: str):
+    """grad of sum_p w(p) KL_p, with w(p) the probability of reaching prefix p held fixed
+    and KL_p the KL of the next-token distributions at p: "reverse" KL(pi_p || ref_p), what
+    k2 in the loss follows, or "forward" KL(ref_p || pi_p), what k3 in the loss follows.
+    The KL of whole responses is sum_p w(p) KL_p too, but its gradient also moves w(p):
+    a token's choice changes which prefixes come later; a per-token loss misses that share."""
+    weight = visits(table).detach()
+
+    def summed(theta):
+        logp = torch.log_softmax(theta[:, 1:], -1)
+        logr = torch.log_softmax(world.ref[:, 1:], -1)
+        per_prefix = ((logp.exp() * (logp - logr)).sum(-1) if direction == "reverse"
+                      else (logr.exp() * (logr - logp)).sum(-1))
+        return (weight * per_prefix).sum()
+    return _grad(summed, table)
+
+
+# closed forms of what a row's expected update equals, up to the row's `scale`
+FOLLOWS = {
+    "grad J": objective_gradient,
+    "grad E[r]": reward_gradient,
+    "semi-gradient, k2 in the reward": lambda t, w: semi_gradient(t, w, "k2"),
+    "semi-gradient, k3 in the reward": lambda t, w: semi_gradient(t, w, "k3"),
+    "grad E[r] - beta x local KL(pi || ref)":
+        lambda t, w: reward_gradient(t, w) - w.beta * local_kl_gradient(t, w, "reverse"),
+    "grad E[r] - beta x local KL(ref || pi)":
+        lambda t, w: reward_gradient(t, w) - w.beta * local_kl_gradient(t, w, "forward"),
+}
+
+
+# ----------------------------------------------------------------------------- the rows
+GROUP = 3                          # responses per batch: a group for the group estimators
+
+
+def _spec(**options) -> LossSpec:
+    return LossSpec(group_size=GROUP, **options)
+
+
+_RLOO = dict(advantages="rloo", reduction="budget")
+ROWS = [
+    # advantage estimators and reductions, on the first minibatch (ratio 1), k1 in the reward
+    Row("ppo (gae with exact values, whitened, token mean)", _spec(advantages="gae")),
+    Row("ppo, arbitrary critic", _spec(advantages="gae"), values="arbitrary"),
+    Row("gae before whitening, exact values", _spec(advantages="gae", reduction="budget"),
+        whiten=False, follows="grad J", scale=1 / MAX_LEN),
+    Row("gae before whitening, arbitrary critic, lambda 1",
+        _spec(advantages="gae", reduction="budget", lam=1.0), values="arbitrary", whiten=False,
+        follows="grad J", scale=1 / MAX_LEN),
+    Row("gae before whitening, arbitrary critic, lambda 0.95",
+        _spec(advantages="gae", reduction="budget"), values="arbitrary", whiten=False),
+    Row("reinforce++ (returns whitened over the batch, token mean)",
+        _spec(advantages="reinforce++")),
+    Row("grpo as published (std, sequence mean, k3 in the loss)",
+        _spec(advantages="grpo", reduction="sequence", kl_in="loss", kl_estimator="k3")),
+    Row("grpo std, budget, k3 in the loss",
+        _spec(advantages="grpo", reduction="budget", kl_in="loss", kl_estimator="k3")),
+    Row("dr grpo (budget, k1 in the reward)", _spec(advantages="dr_grpo", reduction="budget"),
+        follows="grad J", scale=(GROUP - 1) / GROUP / MAX_LEN),
+    Row("dr grpo advantages, sequence mean", _spec(advantages="dr_grpo", reduction="sequence")),
+    Row("rloo advantages, token mean", _spec(advantages="rloo", reduction="token")),
+    # the six KL configurations, on rloo (budget): the estimator in the reward or in the loss
+    Row("k1 in the reward (rloo)", _spec(**_RLOO), follows="grad J", scale=1 / MAX_LEN),
+    Row("k2 in the reward (rloo)", _spec(**_RLOO, kl_estimator="k2"),
+        follows="semi-gradient, k2 in the reward", scale=1 / MAX_LEN),
+    Row("k3 in the reward (rloo)", _spec(**_RLOO, kl_estimator="k3"),
+        follows="semi-gradient, k3 in the reward", scale=1 / MAX_LEN),
+    Row("k1 in the loss (rloo)", _spec(**_RLOO, kl_in="loss", kl_estimator="k1"),
+        follows="grad E[r]", scale=1 / MAX_LEN),
+    Row("k2 in the loss (rloo)", _spec(**_RLOO, kl_in="loss", kl_estimator="k2"),
+        follows="grad E[r] - beta x local KL(pi || ref)", scale=1 / MAX_LEN),
+    Row("k3 in the loss (rloo)", _spec(**_RLOO, kl_in="loss", kl_estimator="k3"),
+        follows="grad E[r] - beta x local KL(ref || pi)", scale=1 / MAX_LEN),
+    Row("entropy bonus 0.1 (rloo)", _spec(**_RLOO, entropy_coef=0.1)),
+    # the corrections, with a sampler one update behind the learner
+    Row("ppo clip 0.2, a later minibatch (rloo)", _spec(**_RLOO), sampler="behind"),
+    Row("clip-higher 0.2 / 0.28, a later minibatch (rloo)", _spec(**_RLOO, clip_high=0.28),
+        sampler="behind"),
+    Row("gspo clip 0.1, a later minibatch (rloo)",
+        _spec(advantages="rloo", reduction="sequence", policy_loss="sequence", clip_range=0.1,
+              clip_high=0.1), sampler="behind"),
+    Row("lagging sampler, uncorrected (rloo)", _spec(**_RLOO), sampler="lagging"),
+    Row("lagging sampler, tis cap 1.2 (rloo)", _spec(**_RLOO), sampler="lagging", tis_cap=1.2),
+]
+
+
+def evaluation_point(world: World) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table, behind): where the table's gradients are compared. `behind` is a policy away
+    from the reference (at the reference every KL gradient is 0, so the KL rows would agree
+    for nothing); `table` is one natural-gradient step of J later (`natural`, step 0.2), so
+    a row whose sampler is behind sees per-token ratios of about 0.8 to 1.5."""
+    gen = torch.Generator().manual_seed(5)
+    behind = world.ref + 0.7 * torch.randn(world.ref.shape, generator=gen, dtype=torch.float64)
+    return behind + 0.2 * natural(behind, objective_gradient(behind, world)), behind
+
+
+def natural(table: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """The natural-gradient form of `update`: each prefix's entries divided by the Fisher
+    information of its next-token distribution, w(p) (diag(pi_p) - pi_p pi_p^T), which for a
+    softmax comes to dividing each entry by w(p) pi(token | p) (the update of a prefix sums
+    to 0, as the gradient of anything through a softmax does). A positive rescaling: it
+    leaves still what `update` leaves still, so the fixed points are the same, reached in tens
+    of steps instead of thousands (a plain step crawls at the prefixes the policy rarely
+    reaches and the tokens it rarely writes)."""
+    pi = conditionals(table).exp()[:, 1:]                               # (P, V - 1)
+    out = torch.zeros_like(update)
+    out[:, 1:] = update[:, 1:] / (visits(table)[:, None] * pi)
+    return out
+
+
+class Ascent(NamedTuple):
+    table: torch.Tensor   # where it ended
+    steps: int            # steps taken
+    norm: float           # the expected update's norm there
+    outcome: str          # "fixed point" | "circles" | "still moving"
+
+
+def exact_ascent(row: Row, world: World, lr: float = 1.0, steps: int = 600,
+                 tol: float = 1e-10) -> Ascent:
+    """Follow the row's expected update (in its natural form, step `lr`) from the reference
+    until it stops moving. A row whose sampler lags uses the previous iterate as the policy
+    behind. No entry of the table moves by more than 1 per step.
+
+    Outcomes: "fixed point", the update's norm fell below `tol`; "circles", the step had to
+    shrink a billionfold: a row that divides its advantages by their spread within a batch
+    (whitening) has an update that does not shrink near where it would stop, so it
+    overshoots and the next update points back (each time, the step is halved); "still
+    moving", `steps` ran out with the update above `tol` (a row with no fixed point drifts
+    on, towards a policy that puts no mass on some tokens); "runs away", a penalty on such
+    a token grew past float64 (the table returned is the last finite one)."""
+    table = behind = world.ref.clone()
+    last, step_size = None, lr
+    for step in range(steps):
+        update = expected_update(row, table, world, behind=behind)
+        norm = update.norm().item()
+        if norm < tol:
+            return Ascent(table, step, norm, "fixed point")
+        if not math.isfinite(norm):  # a penalty grew past float64: the last finite table
+            return Ascent(behind, step, norm, "runs away")
+        if last is not None and (update * last).sum() < 0:  # it points back: overshot
+            step_size /= 2
+            if step_size < 1e-9 * lr:
+                return Ascent(table, step, norm, "circles")
+        last = update
+        move = step_size * natural(table, update)
+        behind, table = table, table + move / max(1.0, move.abs().max().item())
+    return Ascent(table, steps, norm, "still moving")
+
+
+# ----------------------------------------------------------------------------- the table
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a * b).sum() / (a.norm() * b.norm())).item()
+
+
+def table_row(row: Row, world: World, steps: int) -> dict:
+    """One row's figures: at the evaluation point, the cosine and norm ratio of its expected
+    update to grad J and its distance to its closed form; from the exact ascent, where it
+    ends (KL to pi* and to the reference, E[r] there)."""
+    table, behind = evaluation_point(world)
+    update = expected_update(row, table, world, behind=behind)
+    grad_j = objective_gradient(table, world)
+    ascent = exact_ascent(row, world, steps=steps)
+    end = ascent.table
+    out = {"name": row.name, "unbiased": row.follows == "grad J", "follows": row.follows,
+           "cosine": cosine(update, grad_j), "norm_ratio": (update.norm() / grad_j.norm()).item(),
+           "outcome": ascent.outcome, "steps": ascent.steps, "end_norm": ascent.norm,
+           "kl_to_optimum": kl(end, optimal_policy(world)).item(),
+           "kl_to_ref": kl(end, world.ref).item(),
+           "reward": (response_logprobs(end).exp() * world.reward).sum().item()}
+    if row.follows:
+        target = row.scale * FOLLOWS[row.follows](table, world)
+        out["gap_to_closed_form"] = (update - target).abs().max().item()
+    return out
+
+
+@dataclass
+class Config:
+    out: str = opt("bench/results/gradients.json", "where to write the table (JSON)")
+    steps: int = opt(2000, "most steps of each row's exact ascent")
+    seed: int = opt(0, "the world's seed (its reference logits and rewards)")
+    beta: float = opt(0.5, "the world's KL coefficient")
+
+
+def main(cfg: Config) -> dict:
+    torch.set_num_threads(1)  # the world's tensors are tiny: threads cost more than they bring
+    world = make_world(cfg.seed, cfg.beta)
+    star = optimal_policy(world)
+    rows = []
+    print("| configuration | unbiased | cos to grad J | norm / grad J | ascent | KL(end || pi*) "
+          "| KL(end || ref) | E[r] at end |\n|---|---|---|---|---|---|---|---|")
+    for row in ROWS:
+        r = table_row(row, world, cfg.steps)
+        rows.append(r)
+        print(f"| {r['name']} | {'yes' if r['unbiased'] else 'no'} | {r['cosine']:.4f} | "
+              f"{r['norm_ratio']:.4f} | {r['outcome']} ({r['steps']}) | {r['kl_to_optimum']:.2e} "
+              f"| {r['kl_to_ref']:.3f} | {r['reward']:.4f} |", flush=True)
+    result = {"command": "python -m mingpt_rlhf.gradients", "date": time.strftime("%Y-%m-%d"),
+              "world": {"seed": cfg.seed, "beta": cfg.beta, "responses": len(RESPONSES),
+                        "group": GROUP, "budget": MAX_LEN},
+              "optimum": {"kl_to_ref": kl(star, world.ref).item(),
+                          "reward": (response_logprobs(star).exp() * world.reward).sum().item(),
+                          "max_reward": world.reward.max().item()},
+              "rows": rows}
+    os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
+    with open(cfg.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"pi*: KL to ref {result['optimum']['kl_to_ref']:.3f}, E[r] "
+          f"{result['optimum']['reward']:.4f} (max r {result['optimum']['max_reward']:.4f}); "
+          f"wrote {cfg.out}")
+    return result
+
+
+if __name__ == "__main__":
+    run(main, Config)
