@@ -12,36 +12,43 @@ policy), so that PPO starts from rewards on a known scale.
     python train_rm.py --data prefs.jsonl      # {"prompt", "chosen", "rejected"} lines (HH, trl)
     python train_rm.py --lora_rank 16 --grad_accum 4 --grad_checkpoint   # less memory
     torchrun --standalone --nproc_per_node 2 train_rm.py --batch_size 16    # 2 GPUs or CPU processes
+    python train_rm.py --ensemble 4 --out_dir out/rm_ensemble   # 4 members and their WARM average
+    python train_rm.py --label_noise 0.25 --length_bias 0.3     # a labeller with faults
 
 With `--lora_rank` the trunk trains low-rank adapters and the head is trained in full; the
 checkpoint holds the merged weights, so PPO reads it like any other.
 
 Writes out_dir/ckpt.pt (reward model, normalisation, tokenizer, optimizer, step, RNG, which
 SFT checkpoint it came from) and out_dir/metrics.jsonl with loss, acc, eval_acc, and on the
-built-in task eval_gold_acc and eval_gold_corr.
+built-in task eval_gold_acc and eval_gold_corr. With --ensemble K, each member writes those in
+out_dir/member{i}, WARM in out_dir/warm, and out_dir/ensemble.json lists them
+(mingpt_rlhf/ensemble.py).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, rank_rng_states,
-                                    restore_rank_rng, resume_checkpoint, resume_state,
-                                    save_checkpoint, weights_for_later_stages)
+from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
+                                    rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                    resume_state, reward_model_from, save_checkpoint,
+                                    weights_for_later_stages)
 from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
 from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
                               micro_batches_of_step, right_pad)
 from mingpt_rlhf.distributed import all_sum, is_main, setup, shutdown, world_size
 from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.ensemble import warm_average, write_manifest
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.metrics import MetricsLog, read_metrics
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
@@ -82,7 +89,16 @@ class Config:
                                "the normalisation (default: --sft_dir); for a reward model of "
                                "another size than the policy (same tokenizer)")
     max_new_tokens: int = opt(32, "longest response sampled for normalisation")
-    seed: int = opt(1337, "random seed")
+    seed: int = opt(1337, "random seed (of the head's start and the order of the pairs)")
+    data_seed: int = opt(-1, "seed of the data: the built-in task's pairs, --data's held-out "
+                             "split, the policy samples that normalise (-1 = --seed); an "
+                             "ensemble's members share it")
+    ensemble: int = opt(1, "train this many reward models (>= 2: an ensemble, in "
+                           "out_dir/member0 ..: each a whole reward model from the SFT trunk, "
+                           "trunk and head trained, seed --seed + i, the same pairs in its own "
+                           "order; then out_dir/warm, their weights averaged (WARM); "
+                           "train_ppo.py --rm_dir out_dir scores with all of them, "
+                           "docs/reward_hacking.md)")
     device: str = opt("auto", "auto | cpu | cuda | mps")
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
                              "fp32; float16 uses loss scaling)")
@@ -141,9 +157,10 @@ def evaluate(model, data: PairData, task, eval_pairs, tokenizer, device, ctx, ba
 @torch.no_grad()
 def sft_sample_scores(policy, model, tokenizer, prompts, cfg, ctx):
     """Raw RM scores (N,) of responses sampled from the SFT policy, scored as PPO scores them:
-    the generated token ids, read at the last real token."""
+    the generated token ids, read at the last real token. The samples are drawn with the data
+    seed, so an ensemble's members are normalised on the same ones."""
     model.eval()
-    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(cfg.seed)
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(data_seed_of(cfg))
     scores = []
     with ctx:
         for out in generate_batches(policy, tokenizer, prompts, cfg.max_new_tokens,
@@ -152,10 +169,142 @@ def sft_sample_scores(policy, model, tokenizer, prompts, cfg, ctx):
     return torch.cat(scores)
 
 
+def data_seed_of(cfg: Config) -> int:
+    return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+
+
+def load_norm_sampler(cfg: Config, policy, tokenizer):
+    """The policy whose samples set the normalisation: the one RL will optimise (--norm_policy,
+    or the SFT the reward model starts from)."""
+    norm_sampler = policy
+    if cfg.norm_policy and cfg.norm_samples > 0:
+        norm_sampler, other, _ = load_policy(cfg.norm_policy, flag="--norm_policy")
+        if not same_tokenizer(tokenizer, other):
+            raise UserError(f"--norm_policy {cfg.norm_policy} uses another tokenizer than "
+                            f"--sft_dir {cfg.sft_dir}; pass an SFT of the same task")
+    require_room_for_prompt(cfg.max_new_tokens, norm_sampler.config.block_size)  # normalisation samples
+    return norm_sampler
+
+
+def preference_data(cfg: Config, tokenizer):
+    """(task or None, train pairs, eval pairs): the built-in task's labeller's, or --data's."""
+    task = None if cfg.data else get_task(cfg.task, seed=data_seed_of(cfg), n_pairs_train=cfg.n_pairs,
+                                          label_noise=cfg.label_noise, length_bias=cfg.length_bias)
+    if task is not None:
+        task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
+        return task, task.preference_pairs("train"), task.preference_pairs("eval")
+    train_pairs = load_preference_jsonl(cfg.data)
+    if cfg.eval_data:
+        return task, train_pairs, load_preference_jsonl(cfg.eval_data)
+    return (task, *holdout_split(train_pairs, data_seed_of(cfg)))
+
+
+def normalise(model, norm_sampler, tokenizer, task, train_pairs, cfg: Config, device, ctx) -> dict:
+    """Set the model's gain and bias so that the scores of the policy's own samples get mean 0
+    and std 1; returns norm_gain and norm_bias."""
+    prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt.strip()]
+    if prompts:
+        raw = sft_sample_scores(norm_sampler.to(device), model, tokenizer,
+                                prompts[:cfg.norm_samples], cfg, ctx)
+    else:
+        print("note: the pairs have no prompts to sample from; normalising on the scores "
+              "of their own chosen and rejected texts instead")
+        texts = [(p.prompt, side) for p in train_pairs[:cfg.norm_samples] for side in (p.chosen, p.rejected)]
+        model.eval()
+        raw = score_texts(model, tokenizer, *zip(*texts), device, ctx, normalise=False)
+    model.set_normalisation(raw)
+    print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "
+          f"bias {model.bias.item():.4f}")
+    return {"norm_gain": model.gain.item(), "norm_bias": model.bias.item()}
+
+
+# options that make an ensemble's member what it is: a member trained (or resumed) under
+# --ensemble must have been started with the same ones (its seed is --seed + its index)
+MEMBER_FIXED = ("sft_dir", "init_from", "task", "data", "eval_data", "n_pairs", "label_noise",
+                "length_bias", "data_seed", "epochs", "batch_size", "grad_accum", "lr",
+                "norm_samples", "norm_policy", "lora_rank", "seed")
+
+
+def finished(out_dir: str) -> bool:
+    """Whether the run in out_dir ended: its metrics.jsonl ends with the final summary (written
+    after the last checkpoint)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return os.path.exists(path) and any(r.get("final") for r in read_metrics(path)[-1:])
+
+
+def train_ensemble(cfg: Config) -> dict:
+    """--ensemble K: K members in out_dir/member{i}, each a train_rm.py run of its own (seed
+    --seed + i, the data seed shared), then WARM in out_dir/warm, then out_dir/ensemble.json.
+    With --resume a finished member is kept, a killed one resumed, a missing one trained."""
+    if world_size() > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("--ensemble trains its members one after another in one process; run it "
+                        "without torchrun (or train each member under torchrun with its own "
+                        "--seed and --out_dir)")
+    prepare_out_dir(cfg.out_dir)
+    names, finals = [f"member{i}" for i in range(cfg.ensemble)], []
+    for i, name in enumerate(names):
+        out = os.path.join(cfg.out_dir, name)
+        member = replace(cfg, out_dir=out, seed=cfg.seed + i, data_seed=data_seed_of(cfg),
+                         ensemble=1, resume=False)
+        saved = os.path.join(out, "ckpt.pt")
+        if cfg.resume and os.path.exists(saved):
+            started = load_checkpoint(saved, "ensemble member", mmap=True).get("config", {})
+            for key in MEMBER_FIXED:
+                if key in started and started[key] != getattr(member, key):
+                    raise UserError(f"{saved} was trained with --{key} {started[key]}, and this "
+                                    f"ensemble's member {i} would be {getattr(member, key)}; "
+                                    f"resume with the options the ensemble was started with, "
+                                    f"or pass another --out_dir")
+            if finished(out):
+                finals.append(read_metrics(os.path.join(out, "metrics.jsonl"))[-1])
+                print(f"{name}: finished, kept")
+                continue
+            member.resume = True
+        print(f"---- {name} of {cfg.ensemble} (seed {member.seed})")
+        finals.append(main(member))
+    warm = train_warm(cfg, names)
+    write_manifest(cfg.out_dir, names, "warm")
+    keys = [k for k in ("eval_acc", "eval_gold_acc") if k in finals[0]]
+    summary = {f"member{i}_{k}": f[k] for i, f in enumerate(finals) for k in keys}
+    summary.update({f"warm_{k}": warm[k] for k in keys if k in warm})
+    print(f"ensemble of {cfg.ensemble} in {cfg.out_dir}: " + ", ".join(
+        f"{k} {v:.4f}" for k, v in summary.items()))
+    return summary
+
+
+@torch.no_grad()
+def train_warm(cfg: Config, names: list[str]) -> dict:
+    """WARM: the members' weights averaged (ensemble.warm_average), evaluated and normalised
+    on the policy's samples like a member, saved as a reward model in out_dir/warm."""
+    out = os.path.join(cfg.out_dir, "warm")
+    device = pick_device(cfg.device)
+    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    seed_everything(cfg.seed)
+    policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
+    paths = [os.path.join(cfg.out_dir, name, "ckpt.pt") for name in names]
+    members = [reward_model_from(load_checkpoint(p, "ensemble member", mmap=True), p, tokenizer,
+                                 cfg.sft_dir) for p in paths]
+    model = warm_average(members).to(device)
+    task, train_pairs, eval_pairs = preference_data(cfg, tokenizer)
+    eval_data = PairData(tokenizer, eval_pairs, model.config.block_size)
+    figures = evaluate(model, eval_data, task, eval_pairs, tokenizer, device, ctx, 2 * cfg.batch_size)
+    if cfg.norm_samples > 0:
+        figures.update(normalise(model, load_norm_sampler(cfg, policy, tokenizer), tokenizer,
+                                 task, train_pairs, cfg, device, ctx))
+    prepare_out_dir(out)
+    save_checkpoint(os.path.join(out, "ckpt.pt"), {
+        "stage": "rm", "model": model.state_dict(), "model_config": asdict(model.config),
+        "tokenizer": tokenizer.state_dict(), "step": 0, "config": asdict(cfg),
+        "normalised": cfg.norm_samples > 0, "sft": origin, "warm_of": names})
+    summary = MetricsLog(out).log(0, final=True, **figures)
+    print("warm: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+    return summary
+
+
 def main(cfg: Config) -> dict:
     # ---- config, device, seed
     require_positive(cfg, "epochs", "batch_size", "grad_accum", "eval_interval", "max_new_tokens",
-                     "lr", "n_pairs")
+                     "lr", "n_pairs", "ensemble")
     require_non_negative(cfg, "warmup_iters", "grad_clip", "weight_decay", "norm_samples")
     if not 0 <= cfg.dropout < 1:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
@@ -165,6 +314,8 @@ def main(cfg: Config) -> dict:
     if cfg.data and (cfg.label_noise or cfg.length_bias):
         raise UserError("--label_noise and --length_bias are faults of the built-in task's "
                         "labeller; with --data your labels are used as they are: drop them")
+    if cfg.ensemble > 1:
+        return train_ensemble(cfg)
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
@@ -173,26 +324,10 @@ def main(cfg: Config) -> dict:
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "rm")
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
-    norm_sampler = policy  # whose samples set the normalisation: the policy RL will optimise
-    if cfg.norm_policy and cfg.norm_samples > 0:
-        norm_sampler, other, _ = load_policy(cfg.norm_policy, flag="--norm_policy")
-        if not same_tokenizer(tokenizer, other):
-            raise UserError(f"--norm_policy {cfg.norm_policy} uses another tokenizer than "
-                            f"--sft_dir {cfg.sft_dir}; pass an SFT of the same task")
-    require_room_for_prompt(cfg.max_new_tokens, norm_sampler.config.block_size)  # normalisation samples
+    norm_sampler = load_norm_sampler(cfg, policy, tokenizer)
 
     # ---- data
-    task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs,
-                                          label_noise=cfg.label_noise, length_bias=cfg.length_bias)
-    if task is not None:
-        task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
-        train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
-    else:
-        train_pairs = load_preference_jsonl(cfg.data)
-        if cfg.eval_data:
-            eval_pairs = load_preference_jsonl(cfg.eval_data)
-        else:
-            train_pairs, eval_pairs = holdout_split(train_pairs, cfg.seed)
+    task, train_pairs, eval_pairs = preference_data(cfg, tokenizer)
 
     # ---- model: the SFT trunk + a fresh head (what trained comes back from the checkpoint
     # on resume)
@@ -289,20 +424,7 @@ def main(cfg: Config) -> dict:
 
     # ---- normalise: scores of the SFT policy's own samples get mean 0 and std 1
     if cfg.norm_samples > 0:
-        prompts = task.prompts("train") if task else [p.prompt for p in train_pairs if p.prompt.strip()]
-        if prompts:
-            raw = sft_sample_scores(norm_sampler.to(device), model, tokenizer,
-                                    prompts[:cfg.norm_samples], cfg, ctx)
-        else:
-            print("note: the pairs have no prompts to sample from; normalising on the scores "
-                  "of their own chosen and rejected texts instead")
-            texts = [(p.prompt, side) for p in train_pairs[:cfg.norm_samples] for side in (p.chosen, p.rejected)]
-            model.eval()
-            raw = score_texts(model, tokenizer, *zip(*texts), device, ctx, normalise=False)
-        model.set_normalisation(raw)
-        final.update(norm_gain=model.gain.item(), norm_bias=model.bias.item())
-        print(f"normalised on {len(raw)} SFT samples: gain {model.gain.item():.4f}, "
-              f"bias {model.bias.item():.4f}")
+        final.update(normalise(model, norm_sampler, tokenizer, task, train_pairs, cfg, device, ctx))
     save(max_iters, normalised=cfg.norm_samples > 0, rng=final_rng)
     summary = log.log(max_iters, final=True, **final, skipped_updates=optimizer.skipped)
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))

@@ -6,7 +6,8 @@ once, at training time, and then samples once per prompt.
 
 Responses are scored exactly as PPO scores them (normalised RM score at the last real token,
 a fixed penalty when the response never reached EOS), so best-of-n and PPO optimise the same
-number.
+number. The reward model may be an ensemble (`ensemble.RewardEnsemble`): the best response is
+then the best by its combination rule (mean, wco, uwo), and WARM is a reward model like any.
 
     from mingpt_rlhf.bestofn import best_of_n
     texts, scores, tokens = best_of_n(policy, rm, tokenizer, prompts, n=16, max_new_tokens=32)
