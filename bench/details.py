@@ -40,7 +40,7 @@ import results_file  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf import ppo_trainer  # noqa: E402
+from mingpt_rlhf import losses  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "details.json")
@@ -50,13 +50,13 @@ RESULTS = os.path.join(ROOT, "bench", "results", "details.json")
 
 @contextlib.contextmanager
 def no_whitening():
-    """Advantages used as GAE gives them (ppo_trainer calls ppo.masked_whiten)."""
-    real = ppo_trainer.masked_whiten
-    ppo_trainer.masked_whiten = lambda x, mask, *a, **k: x * mask
+    """Advantages used as GAE gives them (losses.py's gae entry calls ppo.masked_whiten)."""
+    real = losses.masked_whiten
+    losses.masked_whiten = lambda x, mask, *a, **k: x * mask
     try:
         yield
     finally:
-        ppo_trainer.masked_whiten = real
+        losses.masked_whiten = real
 
 
 @contextlib.contextmanager

@@ -32,8 +32,9 @@ from .losses import KL_ESTIMATORS, LossSpec, actor_loss, experience_advantages
 from .ppo import gae
 from .refinements import truncated_is_weights
 from .tabular import (CHOICES, MAX_LEN, PAD, PREFIX_INDEX, PREFIXES, RESPONSES, TabularPolicy,
-                      World, conditionals, kl, make_world, objective_gradient,
-                      optimal_policy, response_batch, response_logprobs, visits)
+                      World, conditionals, kl, make_world, objective, objective_gradient,
+                      optimal_policy, optimal_value, response_batch, response_logprobs,
+                      visits)
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -358,7 +359,8 @@ def table_row(row: Row, world: World, steps: int) -> dict:
            "outcome": ascent.outcome, "steps": ascent.steps, "end_norm": ascent.norm,
            "kl_to_optimum": kl(end, optimal_policy(world)).item(),
            "kl_to_ref": kl(end, world.ref).item(),
-           "reward": (response_logprobs(end).exp() * world.reward).sum().item()}
+           "reward": (response_logprobs(end).exp() * world.reward).sum().item(),
+           "objective": objective(end, world).item()}
     if row.follows:
         target = row.scale * FOLLOWS[row.follows](table, world)
         out["gap_to_closed_form"] = (update - target).abs().max().item()
@@ -379,26 +381,28 @@ def main(cfg: Config) -> dict:
     star = optimal_policy(world)
     rows = []
     print("| configuration | unbiased | cos to grad J | norm / grad J | ascent | KL(end || pi*) "
-          "| KL(end || ref) | E[r] at end |\n|---|---|---|---|---|---|---|---|")
+          "| KL(end || ref) | E[r] at end | J at end |\n|---|---|---|---|---|---|---|---|---|")
     for row in ROWS:
         r = table_row(row, world, cfg.steps)
         rows.append(r)
         print(f"| {r['name']} | {'yes' if r['unbiased'] else 'no'} | {r['cosine']:.4f} | "
               f"{r['norm_ratio']:.4f} | {r['outcome']} ({r['steps']}) | {r['kl_to_optimum']:.2e} "
-              f"| {r['kl_to_ref']:.3f} | {r['reward']:.4f} |", flush=True)
+              f"| {r['kl_to_ref']:.3f} | {r['reward']:.4f} | {r['objective']:.4f} |", flush=True)
     result = {"command": "python -m mingpt_rlhf.gradients", "date": time.strftime("%Y-%m-%d"),
               "world": {"seed": cfg.seed, "beta": cfg.beta, "responses": len(RESPONSES),
                         "group": GROUP, "budget": MAX_LEN},
-              "optimum": {"kl_to_ref": kl(star, world.ref).item(),
+              "optimum": {"kl_to_ref": kl(star, world.ref).item(), "objective": optimal_value(world),
+                          "objective_at_ref": objective(world.ref, world).item(),
                           "reward": (response_logprobs(star).exp() * world.reward).sum().item(),
                           "max_reward": world.reward.max().item()},
               "rows": rows}
     os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
     with open(cfg.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"pi*: KL to ref {result['optimum']['kl_to_ref']:.3f}, E[r] "
-          f"{result['optimum']['reward']:.4f} (max r {result['optimum']['max_reward']:.4f}); "
-          f"wrote {cfg.out}")
+    best = result["optimum"]
+    print(f"pi*: KL to ref {best['kl_to_ref']:.3f}, E[r] {best['reward']:.4f}, J "
+          f"{best['objective']:.4f} (J at the reference {best['objective_at_ref']:.4f}, max r "
+          f"{best['max_reward']:.4f}); wrote {cfg.out}")
     return result
 
 

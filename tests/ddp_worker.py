@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from mingpt_rlhf import cli, distributed, ppo_trainer  # noqa: E402
+from mingpt_rlhf import cli, distributed, losses, ppo_trainer  # noqa: E402
 
 
 class Killed(Exception):
@@ -157,7 +157,7 @@ def run_job(mode, out, script, argv) -> bool:
         patch(module, "save_checkpoint", save_then_die)
 
     if mode == "ppo_probe":
-        real_loss, real_whiten, real_learn = (ppo_trainer.policy_loss, ppo_trainer.masked_whiten,
+        real_loss, real_whiten, real_learn = (losses.policy_loss, losses.masked_whiten,
                                               ppo_trainer.PPOTrainer.learn)
 
         def policy_loss(logprobs, old_logprobs, advantages, mask, *args, **kwargs):
@@ -187,9 +187,9 @@ def run_job(mode, out, script, argv) -> bool:
         def generate(model, prompt_ids, *args, **kwargs):
             record["generate_rows"] = max(record["generate_rows"], len(prompt_ids))
             return real_generate(model, prompt_ids, *args, **kwargs)
-        for name, value in (("policy_loss", policy_loss), ("masked_whiten", masked_whiten),
-                            ("generate", generate)):
-            patch(ppo_trainer, name, value)
+        for name, value in (("policy_loss", policy_loss), ("masked_whiten", masked_whiten)):
+            patch(losses, name, value)  # the trainer's loss and advantages come from losses.py
+        patch(ppo_trainer, "generate", generate)
         patch(ppo_trainer.PPOTrainer, "learn", learn)
 
     try:
