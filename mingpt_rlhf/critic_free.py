@@ -13,8 +13,9 @@ signal, not a bug (`zero_group_fraction` logs how often).
 
 With the KL in the loss (GRPO's choice) the penalty is per token with the k3 estimator
 `exp(ref - logp) - (ref - logp) - 1`: >= 0, 0 when the policies agree, and its expected value
-under the policy is KL(pi || ref). Its gradient is not KL's own (docs/methods.md), which is one
-reason our PPO keeps the KL in the reward instead (`--kl_in reward`).
+under the policy is KL(pi || ref). Its gradient is not KL's own: it follows the forward
+KL(ref || pi) of each token (docs/gradients.md), which is one reason our PPO keeps the KL in
+the reward instead (`--kl_in reward`). Every estimator and placement: losses.py.
 """
 from __future__ import annotations
 
