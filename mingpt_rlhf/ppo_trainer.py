@@ -1,7 +1,9 @@
 """One PPO iteration for a language model: make experience, then learn from it. The same
 loop runs the critic-free methods (`cfg.algo` grpo / rloo, see critic_free.py): what changes is
-where the advantages come from (the group, not a critic and GAE), where the KL goes
-(`kl_in`: the reward or the loss) and how token losses are summed (`reduce_tokens`).
+where the advantages come from (the group, not a critic and GAE), which KL estimator is used
+and where it goes (`kl_in`: the reward or the loss) and how token losses are summed
+(`reduce_tokens`). Each of these is an entry of a table of losses.py, reached through its two
+calls, `experience_advantages` and `actor_loss`, the same the gradient oracle checks.
 
     make_experience: prompts -> actor samples -> log-probs (actor, reference) -> values
                      -> reward-model scores -> KL-shaped rewards -> GAE -> Experience
