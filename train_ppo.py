@@ -13,6 +13,7 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
     python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
     python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
     python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
+    python train_ppo.py --rm_dir out/rm_ensemble --ensemble_combine wco   # an ensemble's minimum
     torchrun --standalone --nproc_per_node 2 train_ppo.py   # 2 GPUs or CPU processes share each batch
 
     python train_ppo.py --algo grpo --reward task          # no reward model: the task's own check
@@ -27,7 +28,9 @@ Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
 minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
 --dynamic_sampling: dropped_groups, rollouts, kept_rows; with --tis_cap or --sampler_lag:
-mismatch_kl, mismatch_abs, tis_capped; eval lines with gold,
+mismatch_kl, mismatch_abs, tis_capped; with an ensemble of reward models: ens_std; with
+--heldout_rm_dir: heldout_gap; the reward-hacking signals signal_* and hacking_warning
+(mingpt_rlhf/hacking.py); eval lines with gold,
 rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
 the environment's figures, eval lines reward, kl, turns, done_rate and its figures), and
 out_dir/rollouts.jsonl (--record_rollouts held-out responses at each eval, every token's
@@ -43,18 +46,20 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
+from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
                                     load_state_dict_checked, rank_rng_states, restore_rank_rng,
-                                    resume_checkpoint, resume_state, reward_model_from,
-                                    save_checkpoint, weights_for_later_stages)
+                                    resume_checkpoint, resume_state, save_checkpoint,
+                                    weights_for_later_stages)
 from mingpt_rlhf.cli import opt, require_non_negative, require_positive, run
 from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
 from mingpt_rlhf.distributed import rank as process_rank
 from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, environment_figures, load_env
+from mingpt_rlhf.ensemble import COMBINE_CHOICES, EnsembleReward, RewardEnsemble, load_reward
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
+from mingpt_rlhf.hacking import HackingMonitor, HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.model import GPTConfig, build_empty
@@ -64,7 +69,7 @@ from mingpt_rlhf.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
-from mingpt_rlhf.metrics import MetricsLog
+from mingpt_rlhf.metrics import MetricsLog, read_metrics
 from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
@@ -242,6 +247,23 @@ class Config:
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
                                "(docs/speed.md); meant for GPUs")
+    ensemble_combine: str = opt("mean", "with an ensemble in --rm_dir (train_rm.py --ensemble "
+                                        "K): how the members' normalised scores make one "
+                                        "reward: mean | wco (their minimum) | uwo (their mean "
+                                        "- --uwo_lambda x their variance) | warm (one model, "
+                                        "the members' weights averaged); a single reward "
+                                        "model takes mean (itself). docs/reward_hacking.md")
+    uwo_lambda: float = opt(0.5, "--ensemble_combine uwo: the weight of the members' variance "
+                                 "(over K, in normalised units squared)")
+    heldout_rm_dir: str = opt("", "a held-out reward model that never trains the policy, e.g. "
+                                  "one trained on other pairs (train_rm.py --data_seed 1 "
+                                  "--out_dir out/rm_heldout): each rollout is scored by it "
+                                  "too, and the gap (reward - held-out) is logged as "
+                                  "heldout_gap, a reward-hacking signal (one more RM forward "
+                                  "pass per rollout)")
+    warning_window: int = opt(5, "iterations per window of the reward-hacking signals and "
+                                 "hacking_warning logged each iteration (mingpt_rlhf/hacking.py; "
+                                 "the first signals after 3 windows)")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -352,12 +374,19 @@ def check_config(cfg: Config):
     if cfg.adaptive_kl and cfg.kl_coef == 0:
         raise UserError("--kl_coef 0 with the adaptive KL controller: beta can only be scaled, "
                         "so it would stay 0; pass a starting --kl_coef > 0, or --adaptive_kl false")
-    require_non_negative(cfg, "record_rollouts")
+    require_non_negative(cfg, "record_rollouts", "uwo_lambda")
+    require_positive(cfg, "warning_window")
+    if cfg.ensemble_combine not in COMBINE_CHOICES:
+        raise UserError(f"--ensemble_combine must be one of {', '.join(COMBINE_CHOICES)}, got "
+                        f"{cfg.ensemble_combine!r}")
+    if cfg.reward != "rm" and (cfg.ensemble_combine != "mean" or cfg.heldout_rm_dir):
+        raise UserError("--ensemble_combine and --heldout_rm_dir are for reward models "
+                        "(--reward rm); drop them with --reward " + cfg.reward)
     check_lora_options(cfg)
 
 
 # options that decide which models a run builds: a resumed run must be started with the same
-RESUME_FIXED = ("reward", "env", "critic", "lora_rank", "lora_targets")
+RESUME_FIXED = ("reward", "env", "critic", "lora_rank", "lora_targets", "ensemble_combine")
 
 
 def load_models(cfg: Config, device, dtype):
@@ -365,11 +394,9 @@ def load_models(cfg: Config, device, dtype):
     policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
     rm = rm_ckpt = None
     if cfg.reward == "rm":
-        rm_path = os.path.join(cfg.rm_dir, "ckpt.pt")
-        rm_ckpt = load_checkpoint(rm_path, "reward model checkpoint",
-                                  "run train_rm.py first, pass --rm_dir, or train on a reward "
-                                  "computed by code (--reward task or FILE.py:FUNCTION)", mmap=True)
-        rm = reward_model_from(rm_ckpt, rm_path, tokenizer, cfg.init_from or cfg.sft_dir)
+        # one reward model, or an ensemble's members (rm_ckpt: the first's) or its WARM model
+        rm, rm_ckpt, rm_path = load_reward(cfg.rm_dir, tokenizer, cfg.init_from or cfg.sft_dir,
+                                           cfg.ensemble_combine, cfg.uwo_lambda)
         if not rm_ckpt.get("normalised"):
             print("note: the reward model was not normalised (train_rm.py --norm_samples 0)")
     if not cfg.prompts and not cfg.env:  # the built-in task's prompts, in the policy's tokens
@@ -516,8 +543,15 @@ def main(cfg: Config) -> dict:
 
     # the reward: the RM's normalised score at the last real token, or a check of the text
     if cfg.reward == "rm":
-        reward_fn = ModelReward(rm, local.score_batch_size or local.minibatch_size,
-                                amp=lambda: autocast(device, dtype))
+        # an ensemble's reward also keeps its members' disagreement (ens_std)
+        scorer = EnsembleReward if isinstance(rm, RewardEnsemble) else ModelReward
+        reward_fn = scorer(rm, local.score_batch_size or local.minibatch_size,
+                           amp=lambda: autocast(device, dtype))
+        if cfg.heldout_rm_dir:  # scores every rollout too, to log the gap (hacking.py)
+            heldout = load_reward_model(cfg.heldout_rm_dir, tokenizer, cfg.init_from or cfg.sft_dir)
+            hold_frozen_in(heldout.to(device), dtype)
+            reward_fn = HeldOutGap(reward_fn, heldout, local.score_batch_size or local.minibatch_size,
+                                   amp=lambda: autocast(device, dtype))
     elif cfg.reward == "env":
         reward_fn = None  # each step of the environment gives its reward
     elif cfg.reward == "task":
@@ -561,6 +595,10 @@ def main(cfg: Config) -> dict:
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
+    # the reward-hacking signals and warning (hacking.py), from the training lines logged so far
+    monitor = HackingMonitor(cfg.warning_window, [r for r in read_metrics(log.path)
+                                                  if "split" not in r and not r.get("final")]
+                             if resumed and is_main() else [])
     # the same held-out prompts at every eval, token by token, for report.html (rollouts.py)
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
@@ -608,7 +646,7 @@ def main(cfg: Config) -> dict:
         return ids.to(device), mask.to(device), fields_of([train_rows[i] for i in indices])
 
     def scoring(at: str):  # a reward from code names where the run was in its errors
-        if isinstance(reward_fn, TextReward):
+        if hasattr(reward_fn, "begin"):  # (and an ensemble's figures start again)
             reward_fn.begin(at)
 
     @torch.no_grad()
@@ -695,6 +733,12 @@ def main(cfg: Config) -> dict:
             golds = [task.gold_reward(p, r) for e in experiences
                      for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
             stats["gold"] = mean_over_ranks({"gold": sum(golds) / len(golds)})["gold"]
+        if hasattr(reward_fn, "figures"):  # an ensemble's ens_std, the held-out heldout_gap
+            stats.update(mean_over_ranks(reward_fn.figures()))
+        warning, message = monitor.update(stats, step + 1)
+        stats.update(warning)
+        if message and is_main():
+            tqdm.write(message)
         log.log(step + 1, **stats)
         if step == first_step and is_main() and not cfg.env and cfg.penalize_missing_eos \
                 and stats["eos_rate"] < 0.1:

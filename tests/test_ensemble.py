@@ -286,3 +286,44 @@ def test_train_rm_gives_the_labeller_its_faults(stages, tmp_path, monkeypatch):
         train_rm.main(train_rm.Config(out_dir=str(tmp_path), sft_dir=str(stages[0] / "sft"),
                                       label_noise=0.25, length_bias=0.3, data_seed=7))
     assert seen["label_noise"] == 0.25 and seen["length_bias"] == 0.3 and seen["seed"] == 7
+
+
+# ----------------------------------------------------------------------------- train_ppo.py
+def test_ppo_with_an_ensemble_logs_its_disagreement_the_held_out_gap_and_the_signals(
+        stages, ensemble_run, tmp_path):
+    """PPO against the ensemble's WCO, the single RM as the held-out one: every training line
+    has ens_std, heldout_gap and hacking_warning; the signals from the third window on."""
+    import train_ppo
+    from test_scripts import ppo_cfg, read_metrics
+    root = stages[0]
+    cfg = ppo_cfg(tmp_path / "ppo", root / "sft", ensemble_run[0], ensemble_combine="wco",
+                  heldout_rm_dir=str(root / "rm"), warning_window=1)
+    train_ppo.main(cfg)
+    lines = [r for r in read_metrics(tmp_path / "ppo") if "split" not in r and not r.get("final")]
+    assert len(lines) == cfg.max_iters
+    for r in lines:
+        assert r["ens_std"] > 0 and "heldout_gap" in r and r["hacking_warning"] in (True, False)
+    assert "signal_kl_accel" not in lines[1] and "signal_kl_accel" in lines[2]
+    assert "signal_disagreement" in lines[2] and "signal_heldout_gap" in lines[2]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ensemble_combine", "best"], "--ensemble_combine"),
+    (["--ensemble_combine", "wco", "--reward", "task"], "--reward rm"),
+    (["--heldout_rm_dir", "x", "--reward", "task"], "--reward rm"),
+    (["--uwo_lambda", "-1"], "--uwo_lambda"),
+])
+def test_ppo_refuses_impossible_ensemble_options(argv, needle, capsys, tmp_path):
+    assert needle in exits_2(capsys, "train_ppo", argv + ["--out_dir", str(tmp_path)])
+
+
+def test_ppo_refuses_a_single_rm_as_an_ensemble_and_mismatched_members(stages, ensemble_run,
+                                                                       tmp_path, capsys):
+    root = stages[0]
+    common = ["--sft_dir", str(root / "sft"), "--out_dir", str(tmp_path / "ppo")]
+    line = exits_2(capsys, "train_ppo", common + ["--rm_dir", str(root / "rm"),
+                                                  "--ensemble_combine", "wco"])
+    assert "needs an ensemble" in line
+    broken = broken_copy(ensemble_run, tmp_path, lambda c: c.update(normalised=False))
+    line = exits_2(capsys, "train_ppo", common + ["--rm_dir", str(broken)])
+    assert "normalised" in line and "member1" in line
