@@ -112,6 +112,57 @@ def params_of(path: str) -> int:
 
 
 @torch.no_grad()
+def sample_n(policy, tokenizer, task, prompts: list[str], seed: int, n: int = N_MAX):
+    """n responses per prompt from `policy` (32 new tokens at most, temperature 1): (texts per
+    prompt, (sequences, attention_mask, ended) per prompt, gold (P, n) float64)."""
+    gen = torch.Generator().manual_seed(seed)
+    texts, seqs = [], []
+    for prompt in prompts:
+        for out in generate_batches(policy, tokenizer, [prompt] * n, 32, n, generator=gen):
+            texts.append(response_texts(tokenizer, out))
+            ended = ((out.sequences == tokenizer.eos_id) & out.action_mask.bool()).any(-1)
+            seqs.append((out.sequences, out.attention_mask, ended))
+    gold = torch.tensor([[task.gold_reward(p, r) for r in rs] for p, rs in zip(prompts, texts)],
+                        dtype=torch.float64)                                    # (P, n)
+    return texts, seqs, gold
+
+
+@torch.no_grad()
+def proxy_scores(rm, seqs) -> torch.Tensor:
+    """(P, n) float64: `rm`'s normalised scores of sample_n's samples, -1 (PPO's missing-EOS
+    penalty) for those that never reached EOS. `rm` may be an ensemble (its rule)."""
+    return torch.stack([torch.where(ended, rm(s, m).double(), -1.0) for s, m, ended in seqs])
+
+
+def bon_curve(texts: list[list[str]], gold: torch.Tensor, proxy: torch.Tensor) -> list[dict]:
+    """Best-of-n by `proxy` for n = 1, 2, 4, ... N (N samples per prompt): per n, d (from log n
+    - (n - 1) / n), d_exact (from the exact KL of best-of-n on these samples, ties counted) and
+    the expected gold and proxy of the response picked, both counted from the samples' mean."""
+    N = proxy.size(1)
+    order = proxy.argsort(-1)                                   # ascending, per prompt
+    g_sorted, p_sorted = gold.gather(1, order), proxy.gather(1, order)
+    empirical = []  # per prompt: (probabilities, proxy score) of its distinct responses
+    for rs, scores in zip(texts, proxy):
+        share = {}
+        for r, sc in zip(rs, scores.tolist()):
+            count, _ = share.get(r, (0, sc))
+            share[r] = (count + 1, sc)
+        counts, values = zip(*share.values())
+        empirical.append((torch.tensor(counts, dtype=torch.float64) / N,
+                          torch.tensor(values, dtype=torch.float64)))
+    curve = []
+    n = 1
+    while n <= N:
+        w = best_of_n_weights(N, n)
+        exact = sum(best_of_n_kl_exact(p, v, n) for p, v in empirical) / len(empirical)
+        curve.append({"n": n, "d": math.sqrt(best_of_n_kl(n)), "d_exact": math.sqrt(exact),
+                      "gold": (g_sorted @ w).mean().item() - gold.mean().item(),
+                      "proxy": (p_sorted @ w).mean().item() - proxy.mean().item()})
+        n *= 2
+    return curve
+
+
+@torch.no_grad()
 def best_of_n(seed: int, root: str, result: dict) -> None:
     """Sample N_MAX responses per held-out prompt from the SFT policy, score them with the gold
     and every proxy, and store per proxy the best-of-n curve (n = 1, 2, 4, ... N_MAX)."""
@@ -122,15 +173,7 @@ def best_of_n(seed: int, root: str, result: dict) -> None:
     task = get_task("reviews", seed=seed)
     prompts = task.prompts("eval")
     start = time.time()
-    gen = torch.Generator().manual_seed(seed)
-    texts, seqs = [], []
-    for i, prompt in enumerate(prompts):
-        for out in generate_batches(policy, tokenizer, [prompt] * N_MAX, 32, N_MAX, generator=gen):
-            texts.append(response_texts(tokenizer, out))
-            ended = ((out.sequences == tokenizer.eos_id) & out.action_mask.bool()).any(-1)
-            seqs.append((out.sequences, out.attention_mask, ended))
-    gold = torch.tensor([[task.gold_reward(p, r) for r in rs] for p, rs in zip(prompts, texts)],
-                        dtype=torch.float64)                                    # (P, N)
+    texts, seqs, gold = sample_n(policy, tokenizer, task, prompts, seed)
     # a small vocabulary repeats responses: identical ones tie on every proxy, and with ties
     # log n - (n - 1)/n overstates best-of-n's KL (bestofn.py), so the exact KL of best-of-n
     # on each prompt's 256 samples (as a distribution: each distinct response at its share)
@@ -139,27 +182,7 @@ def best_of_n(seed: int, root: str, result: dict) -> None:
     seconds = time.time() - start
     for size, pairs in todo:
         rm = load_reward_model(rm_dir(root, size, pairs), tokenizer)
-        proxy = torch.stack([torch.where(ended, rm(s, m).double(), -1.0) for s, m, ended in seqs])
-        order = proxy.argsort(-1)                                   # ascending, per prompt
-        g_sorted, p_sorted = gold.gather(1, order), proxy.gather(1, order)
-        empirical = []  # per prompt: (probabilities, proxy score) of its distinct responses
-        for rs, scores in zip(texts, proxy):
-            share = {}
-            for r, sc in zip(rs, scores.tolist()):
-                count, _ = share.get(r, (0, sc))
-                share[r] = (count + 1, sc)
-            counts, values = zip(*share.values())
-            empirical.append((torch.tensor(counts, dtype=torch.float64) / N_MAX,
-                              torch.tensor(values, dtype=torch.float64)))
-        curve = []
-        n = 1
-        while n <= N_MAX:
-            w = best_of_n_weights(N_MAX, n)
-            exact = sum(best_of_n_kl_exact(p, v, n) for p, v in empirical) / len(empirical)
-            curve.append({"n": n, "d": math.sqrt(best_of_n_kl(n)), "d_exact": math.sqrt(exact),
-                          "gold": (g_sorted @ w).mean().item() - gold.mean().item(),
-                          "proxy": (p_sorted @ w).mean().item() - proxy.mean().item()})
-            n *= 2
+        curve = bon_curve(texts, gold, proxy_scores(rm, seqs))
         result["runs"][f"bon/{size}/{pairs}/{seed}"] = {
             "curve": curve, "params": params_of(rm_dir(root, size, pairs)),
             "sft_gold": gold.mean().item(), "sampling_seconds": round(seconds, 1),

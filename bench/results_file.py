@@ -34,11 +34,15 @@ def merge(path: str, others: list[str]) -> dict:
 
 def train_stage(main, config_class, out_dir: str, **options) -> None:
     """Run a training script's `main` into out_dir unless a run there already finished (its
-    metrics.jsonl ends with the final summary); a run that was killed part-way (a checkpoint,
-    no summary) is resumed, never taken for a finished one."""
+    metrics.jsonl ends with the final summary; an ensemble of reward models, its
+    ensemble.json); a run that was killed part-way (a checkpoint, no summary; an ensemble's
+    first member) is resumed, never taken for a finished one."""
+    from mingpt_rlhf.ensemble import is_ensemble
     from mingpt_rlhf.metrics import read_metrics
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if os.path.exists(metrics) and any(r.get("final") for r in read_metrics(metrics)[-1:]):
         return
-    resume = os.path.exists(os.path.join(out_dir, "ckpt.pt"))
+    if options.get("ensemble", 1) > 1 and is_ensemble(out_dir):
+        return
+    resume = any(os.path.exists(os.path.join(out_dir, name, "ckpt.pt")) for name in ("", "member0"))
     main(config_class(out_dir=out_dir, resume=resume, **options))
