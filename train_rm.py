@@ -72,7 +72,7 @@ class Config:
     length_bias: float = opt(0.0, "built-in task: the labeller's taste for length, 0-1: with "
                                   "this probability a pair's label goes to the longer "
                                   "response (more words), whatever the gold; else its own "
-                                  "label stands (mingpt_rlhf/task_base.labeller_faults)")
+                                  "label stands (labeller_faults in mingpt_rlhf/task_base.py)")
     epochs: int = opt(1, "passes over the pairs (more than 1 tends to overfit)")
     batch_size: int = opt(32, "pairs per micro-batch and process (an optimizer step sees "
                               "batch_size x grad_accum x processes under torchrun)")
