@@ -15,7 +15,9 @@ The grid, per seed (the SFT policy and its prompts are bench/details.py's, in --
   MEMBERS reward models (`--ensemble`; member 0 is the single reward model) with its WARM
   average, and a held-out reward model trained on other pairs of the same labeller
   (`--data_seed seed + 1000`), whose gap to the training reward is a warning signal; the same
-  two for the length-biased labeller (`--length_bias LENGTH_BIAS`, no noise);
+  two for the length-biased labeller (`--length_bias LENGTH_BIAS`, no noise); per ensemble
+  ("rm"), each member's and WARM's held-out accuracy and how far apart the members' trunks
+  and heads ended;
 - best-of-n ("bon"): N_MAX samples per held-out prompt from the SFT policy, scored by each
   reward in RULES (single, the ensemble's mean, wco, uwo, and warm); gold and proxy of the
   response each picks for n = 1, 2, 4, ... N_MAX, against d = sqrt(log n - (n - 1) / n)
@@ -110,6 +112,30 @@ def reward_models(seed: int, root: str, size: dict, noises) -> str:
         results_file.train_stage(train_rm.main, train_rm.Config, where(root, f"heldout_{name}"),
                                  data_seed=seed + HELDOUT_SEED, **faults, **common)
     return sft
+
+
+def ensembles(seed, root, result, path, noises) -> None:
+    """Per ensemble: each member's and WARM's held-out figures (eval_acc, eval_gold_acc), and how
+    far apart the members ended: the mean over pairs of members of ||a - b|| / ||a|| over the
+    trunk's weights and over the head's (both trained, from one SFT trunk and seed-own heads)."""
+    for noise in noises:
+        key = f"rm/noise{noise:g}/{seed}"
+        if key in result["runs"]:
+            continue
+        folder = where(root, f"rm_noise{noise:g}")
+        names = [n for n in sorted(os.listdir(folder)) if n.startswith("member")] + ["warm"]
+        figures = {n: {k: v for k, v in read_metrics(os.path.join(folder, n, "metrics.jsonl"))[-1].items()
+                       if k in ("eval_acc", "eval_gold_acc", "eval_gold_corr")} for n in names}
+        weights = [torch.load(os.path.join(folder, n, "ckpt.pt"), map_location="cpu", mmap=True,
+                              weights_only=False)["model"] for n in names[:-1]]
+
+        def distance(part):
+            flat = [torch.cat([w[k].flatten().float() for k in w if k.startswith(part)]) for w in weights]
+            pairs = [(a, b) for i, a in enumerate(flat) for b in flat[i + 1:]]
+            return sum(((a - b).norm() / a.norm()).item() for a, b in pairs) / len(pairs)
+        result["runs"][key] = {"figures": figures, "trunk_distance": distance("gpt."),
+                               "head_distance": distance("head.")}
+        results_file.save(path, result)
 
 
 def reward_of(root: str, noise: float, rule: str) -> dict:
@@ -394,6 +420,7 @@ def main(argv=None):
         for seed in args.seeds:
             root = os.path.join(work, f"seed{seed}")
             reward_models(seed, root, size, args.noise)
+            ensembles(seed, root, result, path, args.noise)
             if "bon" in args.parts:
                 best_of_n(seed, root, result, path, size, args.noise, args.rules)
             if "ppo" in args.parts:

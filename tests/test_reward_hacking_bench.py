@@ -63,8 +63,11 @@ def test_the_smoke_study_runs_every_part_and_resumes_without_redoing(tmp_path, m
     saved = json.loads(results.read_text())
     expected = {f"bon/noise0.25/{r}/0" for r in ("single", "wco", "warm")} | \
         {f"ppo/noise0.25/{r}_kl0.02/0" for r in ("single", "wco", "warm")} | \
-        {"length/bias0.5_kl0.02/0", "length/length_only_kl0.02/0"}
+        {"length/bias0.5_kl0.02/0", "length/length_only_kl0.02/0", "rm/noise0.25/0"}
     assert set(saved["runs"]) == expected == set(result["runs"])
+    members = saved["runs"]["rm/noise0.25/0"]
+    assert set(members["figures"]) == {"member0", "member1", "warm"}
+    assert members["trunk_distance"] > 0 and members["head_distance"] > 0  # both trained apart
     assert len(saved["runs"]["bon/noise0.25/wco/0"]["curve"]) == 4          # n = 1, 2, 4, 8
     ppo = saved["runs"]["ppo/noise0.25/wco_kl0.02/0"]
     assert len(ppo["iterations"]["step"]) == 4 and all(s is not None for s in ppo["iterations"]["ens_std"])
