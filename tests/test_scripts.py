@@ -507,7 +507,7 @@ def test_critic_free_groups_are_one_prompt_repeated(critic_free_runs):
 @pytest.mark.parametrize("args,message", [
     (["--algo", "a2c"], "--algo"),
     (["--algo", "grpo", "--group_size", "5"], "multiple of"),
-    (["--algo", "ppo", "--kl_in", "loss"], "--kl_in loss"),
+    (["--algo", "grpo", "--grpo_norm", "grpo", "--kl_in", "reward"], "--kl_in loss"),
     (["--algo", "grpo", "--grpo_norm", "x"], "--grpo_norm"),
     (["--algo", "rloo", "--reduction", "max"], "--reduction"),
     (["--generate_batch_size", "-1"], "--generate_batch_size"),
