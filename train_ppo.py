@@ -120,7 +120,8 @@ class Config:
                                     "reward, k3 in the loss). Only k1 in the reward follows "
                                     "the gradient of the response's KL; in the loss k1 has no "
                                     "KL gradient, k2 misses the later tokens' share, k3 "
-                                    "follows KL(reference || policy) (mingpt_rlhf/gradients.py)")
+                                    "follows each token's KL(reference || policy) "
+                                    "(docs/gradients.md)")
     grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
                                "--max_new_tokens | grpo (the paper): divide by the group's reward "
                                "std and average each response's tokens; needs the KL in the loss "
