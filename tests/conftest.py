@@ -14,6 +14,16 @@ from mingpt_rlhf.model import GPT, GPTConfig
 os.environ["MINGPT_RLHF_PLOT"] = "0"
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """A test that calls a bench's main with --threads (torch.set_num_threads) would leave the
+    rest of the session on another thread count; sums then add in another order, and a run
+    resumed later no longer matches, to 1e-6, the uninterrupted run a fixture made earlier."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_gpt():
     """A random 2-layer GPT in eval mode (dropout off), fp32, seeded."""
