@@ -3,7 +3,7 @@ reward or in the loss, on the reviews task trained on the reward model and on th
 game, 3 seeds.
 
     python bench/kl_estimators.py                          # everything: 6 x 2 tasks x 3 seeds
-                                                           # (about 2.5 hours on 2 idle CPU cores)
+                                                           # (about 45 minutes a seed on 2 CPU cores)
     python bench/kl_estimators.py --seeds 0 --tasks guess --threads 1
     python bench/kl_estimators.py --table                  # the table, from the JSON
 
