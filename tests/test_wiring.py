@@ -105,6 +105,19 @@ def build_trainer(cfg, critic="shared", reward=count_fives, ptx_data=None, kl_co
                       pad_id=PAD, kl_ctl=FixedKLController(kl_coef), ptx_data=ptx_data)
 
 
+def learn_one_minibatch(tr, exp, temperature):
+    """Learn from `exp` alone, recording its first step (capture_first_step); returns what was
+    recorded, the actor as it was before the step, and that actor's log-probs (masked to the
+    actions) and entropies of exp's tokens, computed by hand."""
+    tr.buffer.add(exp)
+    seen = capture_first_step(tr)
+    actor = copy.deepcopy(tr.actor)
+    tr.learn(torch.Generator().manual_seed(1))
+    lp, ent, _ = by_hand_logprobs(actor, exp.sequences, exp.attention_mask, exp.prompt_len,
+                                  temperature)
+    return seen, actor, lp * exp.action_mask, ent
+
+
 def capture_first_step(tr):
     """Record the loss and gradient that `learn` hands to its first actor step (and first
     critic step), and the ptx batch it draws; the steps themselves still run."""
@@ -230,7 +243,7 @@ def test_critic_free_options_reach_the_loss_and_gradient(algo, norm, kl_in):
     ids, mask = random_prompts(B // k, seed=1)
     ids, mask = ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
     exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
-    m, T = exp.action_mask, exp.prompt_len
+    m = exp.action_mask
     kl = ((exp.logprobs - exp.ref_logprobs) * m).sum(-1)
     assert kl.abs().min() > 1e-3  # the reference differs, so the KL term means something
     if kl_in == "reward":
@@ -245,12 +258,7 @@ def test_critic_free_options_reach_the_loss_and_gradient(algo, norm, kl_in):
     torch.testing.assert_close(exp.advantages, advantages, atol=1e-5, rtol=0)
     assert advantages.abs().max() > 0.1
 
-    tr.buffer.add(exp)
-    seen = capture_first_step(tr)
-    actor = copy.deepcopy(tr.actor)
-    tr.learn(torch.Generator().manual_seed(1))
-    lp, ent, _ = by_hand_logprobs(actor, exp.sequences, exp.attention_mask, T, 0.8)
-    lp = lp * m
+    seen, actor, lp, ent = learn_one_minibatch(tr, exp, temperature=0.8)
     pg, _, _ = policy_loss(lp, exp.logprobs, advantages, m, cfg.clip_range, how, cfg.max_new_tokens)
     loss = pg - 0.05 * masked_mean(ent, m)
     if kl_in == "loss":
@@ -277,7 +285,7 @@ def test_gspo_options_reach_the_loss_and_gradient():
     ids, mask = random_prompts(B // k, seed=1)
     ids, mask = ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
     exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(0))
-    m, T = exp.action_mask, exp.prompt_len
+    m = exp.action_mask
     assert (m.sum(-1) > 1).sum() > B // 2  # most responses have several tokens: a sum is not a mean
     kl = ((exp.logprobs - exp.ref_logprobs) * m).sum(-1)
     A = group_advantages(exp.scores - 0.2 * kl, k, normalise_std=False)            # (B,)
@@ -285,12 +293,7 @@ def test_gspo_options_reach_the_loss_and_gradient():
     d = torch.linspace(-0.4, 0.4, B)
     exp.logprobs = exp.logprobs - d[:, None] * m     # the policy that sampled, moved by d_i
 
-    tr.buffer.add(exp)
-    seen = capture_first_step(tr)
-    actor = copy.deepcopy(tr.actor)
-    tr.learn(torch.Generator().manual_seed(1))
-    lp, ent, _ = by_hand_logprobs(actor, exp.sequences, exp.attention_mask, T, 0.8)
-    lp = lp * m
+    seen, actor, lp, ent = learn_one_minibatch(tr, exp, temperature=0.8)
     s = torch.exp(((lp - exp.logprobs) * m).sum(-1) / m.sum(-1))                  # (B,)
     torch.testing.assert_close(s.detach(), d.exp(), atol=1e-4, rtol=0)
     per_response = torch.max(-A * s, -A * s.clamp(0.9, 1.3))
