@@ -182,3 +182,47 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
         loss = loss + kl_coef * kl_loss
         figures["kl_loss"] = kl_loss
     return loss, figures
+
+
+def token_weights(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec: LossSpec,
+                  kl_coef: float, budget: int) -> dict:
+    """What multiplies grad log pi(token) in the update, token by token: -d loss / d log pi of
+    `actor_loss` itself (autograd, so it is the trainer's loss and no copy of it), with the
+    rows given as one minibatch. Each is times B (the rows), so a number reads per response:
+    a sequence-mean response of n tokens gives each token A / n, a budget sum A / budget.
+    logprobs: (B, N) of the policy learning (equal to old_logprobs on a fresh batch, the
+    first minibatch: ratio 1, nothing clipped). Returns (B, N) tensors, 0 off the mask:
+    weight       the whole weight: surrogate_weight + kl_weight
+    surrogate    the policy loss's part: advantage x (1 if the clip passes the gradient, else
+                 0) x ratio x normaliser, for PPO's token ratio
+    kl           the KL term's part (with the KL in the loss; in the reward it is inside the
+                 advantage, so 0 here)
+    normaliser   B x d reduce / d x: what the reduction gives each token
+    ratio        pi / pi_old of the token (GSPO's sequence ratio for --ratio sequence)
+    The entropy bonus is left out: its gradient is not along grad log pi of the taken token."""
+    B = logprobs.size(0)
+    mask = action_mask.bool()
+
+    def weight_of(loss_of):
+        with torch.enable_grad():  # the recorder calls this under no_grad
+            x = logprobs.detach().float().clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(loss_of(x), x, allow_unused=True)
+        return torch.zeros_like(x) if grad is None else torch.where(mask, -B * grad, 0.0)
+
+    old, ref, adv, am = (t.detach().float() for t in (old_logprobs, ref_logprobs, advantages, action_mask))
+    no_entropy = LossSpec(**{**spec.__dict__, "entropy_coef": 0.0})
+    whole = weight_of(lambda x: actor_loss(x, torch.zeros_like(x), old, ref, adv, am, no_entropy,
+                                           kl_coef, budget)[0])
+    kl = torch.zeros_like(whole)
+    if spec.kl_in == "loss":
+        kl = weight_of(lambda x: kl_coef * reduce_tokens(
+            KL_ESTIMATORS[spec.kl_estimator](torch.where(am.bool(), x, 0.0), ref), am,
+            spec.reduction, budget))
+    # GSPO reduces by its own sequence mean; every other loss by spec.reduction
+    how = "sequence" if spec.policy_loss == "sequence" else spec.reduction
+    normaliser = weight_of(lambda x: -reduce_tokens(x, am, how, budget))
+    log_ratio = torch.where(mask, logprobs.detach().float() - old, 0.0)
+    if spec.policy_loss == "sequence":
+        log_ratio = (log_ratio.sum(-1, keepdim=True) / am.sum(-1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+    return {"weight": whole, "surrogate": whole - kl, "kl": kl, "normaliser": normaliser,
+            "ratio": torch.where(mask, log_ratio.exp(), 0.0)}

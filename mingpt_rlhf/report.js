@@ -214,6 +214,18 @@ const QUANTITIES = {
     healthy: "Healthy: both colours on every page (PPO whitens the advantages of a batch, GRPO and " +
       "RLOO centre each group). All white means no signal: a group whose responses all scored the " +
       "same, or a critic that predicts the return exactly."},
+  weight: {
+    label: "weight in the update", signed: true, get: (r, i) => (r.weight ? r.weight[i] : null),
+    meaning: "What multiplies the gradient of this token's log-probability when these responses are " +
+      "learnt as one minibatch, at its first step (the ratio to the sampling policy is 1, so nothing is " +
+      "clipped yet): the advantage x what the loss's reduction gives the token, per response (PPO's " +
+      "token mean: responses / tokens; GRPO's sequence mean: 1 / its length; the budget sum: " +
+      "1 / the budget), plus, with the KL in the loss, the KL term's share (-beta x the normaliser x " +
+      "the estimator's slope). Green raises the token's probability, red lowers it. The entropy bonus " +
+      "is left out: its gradient does not follow this token's log-probability.",
+    healthy: "Healthy: like the advantage, both colours on every page. Short responses brighter than " +
+      "long ones with the same advantage is the sequence mean's length bias; a KL share as large as " +
+      "the advantage's part means the penalty, not the reward, is steering."},
   kl: {
     label: "KL (log-prob - reference log-prob)", signed: true,
     get: (r, i) => (r.logprob[i] === null || r.ref_logprob[i] === null ? null : r.logprob[i] - r.ref_logprob[i]),
@@ -271,6 +283,7 @@ function tokenTip(r, i) {
   const kl = QUANTITIES.kl.get(r, i);
   return [head,
     `advantage  ${signed(r.advantage[i])}`,
+    ...(r.weight ? [`weight     ${signed(r.weight[i])}   (normaliser ${fmt(r.normaliser[i])}, KL share ${signed(r.weight_kl[i])})`] : []),
     `KL         ${signed(kl)}   (log-prob ${fmt(r.logprob[i])}, reference ${fmt(r.ref_logprob[i])})`,
     `value      ${r.value ? signed(r.value[i]) : "- (no critic)"}`,
     `reward     ${signed(r.reward[i])}`,

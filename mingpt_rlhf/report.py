@@ -11,8 +11,8 @@ SVG by the page itself): open it from disk in any browser, no server and no netw
 2. the curves of metrics.jsonl: reward and gold, KL and its coefficient, entropy, clipfrac and
    approx-KL, response length, the seconds of each phase; values on hover, runs overlaid;
 3. the token view, from rollouts.jsonl (rollouts.py): every recorded response with each token
-   coloured by the quantity the reader picks (advantage, KL, value, entropy, reward), all its
-   numbers on hover; one prompt at the first, middle and last eval side by side; an
+   coloured by the quantity the reader picks (advantage, weight in the update, KL, value,
+   entropy, reward), all its numbers on hover; one prompt at the first, middle and last eval side by side; an
    environment's tokens marked as such; and a legend saying what the colours mean and what a
    healthy run looks like.
 

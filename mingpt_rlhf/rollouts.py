@@ -18,7 +18,11 @@ trainer as training makes it (`PPOTrainer.make_experience` / `play`):
   with a generator seeded the same at every eval, and given its advantages by the trainer's
   `group_baselined`;
 - the per-token entropy is the one number an Experience does not keep: one forward pass of the
-  actor over the recorded rows gives it (`PPOTrainer.policy_and_values`).
+  actor over the recorded rows gives it (`PPOTrainer.policy_and_values`);
+- each token's weight in the update, what multiplies grad log pi(token) when the recorded rows
+  are learnt as one minibatch at its first step (ratio 1): the advantage x the reduction's
+  normaliser, plus the KL term's share with the KL in the loss (`losses.token_weights`, by
+  autograd through the trainer's own `actor_loss`).
 
 out_dir/rollouts.jsonl holds one JSON line per (eval step, recorded response):
 
@@ -27,6 +31,7 @@ out_dir/rollouts.jsonl holds one JSON line per (eval step, recorded response):
      "env": [0, 0],                              # 1: an environment's token (episodes), no action
      "logprob": [...], "ref_logprob": [...],     # per token (null on the environment's tokens)
      "value": [...] or null (no critic), "advantage": [...], "reward": [...], "entropy": [...],
+     "weight": [...], "weight_kl": [...], "normaliser": [...],  # losses.token_weights
      "score": 1.2, "kl": 0.8, "kl_coef": 0.05, "resp_len": 2,
      "gold": 0.9 (a built-in task) | "check": {...} (an environment's own figures)}
 
@@ -49,6 +54,7 @@ import time
 import torch
 
 from .errors import UserError
+from .losses import token_weights
 from .metrics import restart_log
 from .ppo import last_action_index
 
@@ -110,8 +116,9 @@ class RolloutRecorder:
             exp, episodes, members = self._groups(trainer, exp, rows, fields, episodes)
             rows = list(range(len(exp.scores)))
         entropy = self._entropy(trainer, exp, rows)
+        weights = self._weights(trainer, exp, rows)
         lines = [self._line(trainer, step, exp, row, entropy[i], first + row // members,
-                            row % members, episodes)
+                            row % members, episodes, {k: w[i] for k, w in weights.items()})
                  for i, row in enumerate(rows)]
         try:
             with open(self.path, "a") as f:
@@ -159,7 +166,17 @@ class RolloutRecorder:
                                                        exp.prompt_len, "value", with_values=False)[1])
         return torch.cat(parts).float()
 
-    def _line(self, trainer, step, exp, row, entropy, prompt_index, member, episodes) -> dict:
+    def _weights(self, trainer, exp, rows) -> dict:
+        """(len(rows), N) tensors: each token's weight in an update on these rows as one
+        minibatch, at its first step (ratio 1), and its parts (`losses.token_weights`)."""
+        index = torch.tensor(rows, device=exp.sequences.device)
+        part = exp.select(index)
+        weights = token_weights(part.logprobs, part.logprobs, part.ref_logprobs, part.advantages,
+                                part.action_mask, trainer.spec, trainer.kl_ctl.value, trainer.budget)
+        return {k: weights[k] for k in ("weight", "kl", "normaliser")}
+
+    def _line(self, trainer, step, exp, row, entropy, prompt_index, member, episodes,
+              weights) -> dict:
         """The JSON line of response `row` of `exp` (module docstring)."""
         T = exp.prompt_len
         seq, attn = exp.sequences[row].tolist(), exp.attention_mask[row].tolist()
@@ -180,7 +197,9 @@ class RolloutRecorder:
             "logprob": per_token(exp.logprobs[row]), "ref_logprob": per_token(exp.ref_logprobs[row]),
             "value": per_token(exp.values[row]) if critic else None,
             "advantage": per_token(exp.advantages[row]), "reward": per_token(exp.rewards[row]),
-            "entropy": per_token(entropy), "score": rounded(exp.scores[row].item()),
+            "entropy": per_token(entropy), "weight": per_token(weights["weight"]),
+            "weight_kl": per_token(weights["kl"]), "normaliser": per_token(weights["normaliser"]),
+            "score": rounded(exp.scores[row].item()),
             "kl": rounded(((exp.logprobs[row] - exp.ref_logprobs[row]) * exp.action_mask[row]).sum().item()),
             "kl_coef": rounded(trainer.kl_ctl.value), "resp_len": sum(acted[:n]),
         }

@@ -119,3 +119,66 @@ def test_ppo_with_k2_in_the_loss_runs_and_saves_its_estimator(stages, tmp_path):
     auto = replace(train_ppo.Config(), algo="grpo", grpo_norm="grpo")
     train_ppo.check_config(auto)
     assert auto.kl_estimator == "k3"  # the resolved value is the one printed and saved
+
+
+# ----------------------------------------------------------------------------- token weights
+def weight_batch():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1.]])
+    old = torch.randn(3, 4) * 0.3 - 1
+    ref = old + 0.3 * torch.randn(3, 4)
+    adv = torch.randn(3, 4) * mask
+    return old, ref, adv, mask
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("reduction", ["token", "sequence", "budget"])
+def test_token_weights_at_ratio_one_are_advantage_x_normaliser_plus_the_kl_share(estimator, reduction):
+    """At the first minibatch (ratio 1) token t of response i is weighted A_t x c_i, where c_i
+    is what the reduction gives it per response (token: B / all tokens; sequence: 1 / n_i;
+    budget: 1 / budget), and the KL in the loss adds -beta c_i d k / d log pi: k1 -> 1,
+    k2 -> d, k3 -> 1 - e^(-d), with d = log pi - log ref."""
+    from mingpt_rlhf.losses import LossSpec, token_weights
+    old, ref, adv, mask = weight_batch()
+    beta, budget = 0.1, 5
+    spec = LossSpec(reduction=reduction, kl_in="loss", kl_estimator=estimator)
+    w = token_weights(old, old, ref, adv, mask, spec, beta, budget)
+    n = mask.sum(-1, keepdim=True)
+    c = {"token": 3 / mask.sum() * torch.ones_like(n), "sequence": 1 / n,
+         "budget": torch.full_like(n, 1 / budget)}[reduction] * mask
+    d = old - ref
+    slope = {"k1": torch.ones_like(d), "k2": d, "k3": 1 - torch.exp(-d)}[estimator]
+    torch.testing.assert_close(w["normaliser"], c)
+    torch.testing.assert_close(w["surrogate"], adv * c)
+    torch.testing.assert_close(w["kl"], -beta * c * slope * mask)
+    torch.testing.assert_close(w["weight"], adv * c - beta * c * slope * mask)
+    torch.testing.assert_close(w["ratio"], mask)
+
+
+def test_a_clipped_token_has_no_surrogate_weight_and_an_unclipped_one_its_ratio():
+    """Past the clip on the side its advantage pushes, a token's gradient is cut (weight 0);
+    inside it the weight is A x ratio x normaliser; the KL in the reward adds nothing."""
+    from mingpt_rlhf.losses import LossSpec, token_weights
+    old, ref, adv, mask = weight_batch()
+    adv = torch.where(mask.bool(), torch.tensor(1.0), 0.0)        # every advantage positive
+    new = old.clone()
+    new[0, 0] += 0.5                                              # ratio 1.65 > 1.2: clipped
+    new[0, 1] += 0.1                                              # ratio 1.105: inside
+    new[0, 2] -= 0.5                                              # 0.61 < 0.8, A > 0: not clipped
+    w = token_weights(new, old, ref, adv, mask, LossSpec(), 0.1, 5)
+    c = 3 / mask.sum()
+    assert w["weight"][0, 0] == 0 and torch.equal(w["kl"], torch.zeros_like(w["kl"]))
+    torch.testing.assert_close(w["weight"][0, 1:3], c * torch.exp(torch.tensor([0.1, -0.5])))
+
+
+def test_gspo_gives_every_token_of_a_response_its_sequence_ratio_over_its_length():
+    from mingpt_rlhf.losses import LossSpec, token_weights
+    old, ref, adv, mask = weight_batch()
+    adv = torch.tensor([[0.5], [-1.0], [2.0]]) * mask             # one advantage per response
+    new = old + 0.05 * mask
+    spec = LossSpec(policy_loss="sequence", reduction="sequence", clip_range=0.3, clip_high=0.3)
+    w = token_weights(new, old, ref, adv, mask, spec, 0.1, 5)
+    n = mask.sum(-1, keepdim=True)
+    ratio = torch.exp(torch.tensor(0.05))                         # the mean log-ratio's exp
+    torch.testing.assert_close(w["weight"], adv * ratio / n * mask)
+    torch.testing.assert_close(w["ratio"], ratio * mask)

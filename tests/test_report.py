@@ -64,6 +64,12 @@ def test_a_recorded_line_holds_the_experiences_numbers(tmp_path, critic):
         assert line["score"] == rounded(exp.scores[row].item())
         assert line["kl"] == rounded((exp.logprobs[row] - exp.ref_logprobs[row]).sum().item())
         assert line["kl_coef"] == rounded(trainer.kl_ctl.value)
+        # the weight in an update on the two recorded rows (ratio 1, KL in the reward): the
+        # advantage x PPO's token mean, 2 rows / their tokens
+        per_response = 2 / exp.action_mask[:2].sum()
+        assert near(line["normaliser"], per_response * exp.action_mask[row], n)
+        assert near(line["weight"], exp.advantages[row] * per_response, n)
+        assert line["weight_kl"] == [0.0] * n
 
 
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
