@@ -27,8 +27,8 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
 minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
---dynamic_sampling: dropped_groups, rollouts, kept_rows; with --tis_cap or --sampler_lag:
-mismatch_kl, mismatch_abs, tis_capped; with an ensemble of reward models: ens_std; with
+--dynamic_sampling: dropped_groups, rollouts, kept_rows; with --sampler_lag or --offpolicy:
+mismatch_kl, mismatch_abs, is_cut; with an ensemble of reward models: ens_std; with
 --heldout_rm_dir: heldout_gap; the reward-hacking signals signal_* and hacking_warning
 (mingpt_rlhf/hacking.py); eval lines with gold,
 rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
@@ -63,6 +63,7 @@ from mingpt_rlhf.hacking import HackingMonitor, HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.model import GPTConfig, build_empty
+from mingpt_rlhf.offpolicy import MAX_LAG, OFFPOLICY
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.report import comparison_lines, report_of_run
 from mingpt_rlhf.rollouts import RolloutRecorder
@@ -195,14 +196,25 @@ class Config:
                                    "scores are all equal (they carry no signal) and refill the "
                                    "batch from up to this many more rollout batches of new "
                                    "prompts; if still short, the update uses what it kept (0 = off)")
-    tis_cap: float = opt(0.0, "truncated importance sampling: weigh each token's loss by the "
-                              "learner's over the sampler's probability of it, capped at this "
-                              "(e.g. 2); for --dtype bfloat16 / float16, where the sampler's "
-                              "log-probs differ from the scoring pass's (0 = off)")
-    sampler_lag: int = opt(0, "0 | 1: sample each rollout with the policy as it was one update "
-                              "earlier, as an asynchronous trainer's sampler runs behind its "
-                              "learner: the rollouts are then off-policy (what --tis_cap "
-                              "corrects); the logs show the gap as mismatch_kl")
+    tis_cap: float = opt(0.0, "the cap C of the importance weight learner / sampler "
+                              "probability of each token: tis weighs each token's loss by "
+                              "min(weight, C), decoupled caps at C (0: no cap), mask keeps the "
+                              "tokens whose weight is in [1/C, C] (tis and mask: 0 = 2); set "
+                              "alone, it turns --offpolicy auto into tis")
+    sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
+                              "updates ago, as an asynchronous trainer's sampler runs behind its "
+                              "learner (it keeps this many copies of the trainable weights; with "
+                              "LoRA the adapters); the rollouts are then off-policy (what "
+                              "--offpolicy corrects); the logs show the gap as mismatch_kl")
+    offpolicy: str = opt("auto", "what corrects a sampler whose log-probs differ from the "
+                                 "learner's (--sampler_lag, or --dtype bfloat16 / float16): "
+                                 "none (the ratio against the learner's own pass) | clip (the "
+                                 "ratio and clip against the sampler) | decoupled (clip against "
+                                 "the learner, each token weighed by learner / sampler) | tis "
+                                 "(that weight capped at --tis_cap) | mask (tokens whose weight "
+                                 "leaves [1/C, C] dropped) | gspo (GSPO's sequence ratio against "
+                                 "the sampler; grpo and rloo); auto = tis with --tis_cap, else "
+                                 "none (mingpt_rlhf/offpolicy.py)")
     clip_range_value: float = opt(0.2, "value clip range around the old values: past it the "
                                        "value loss stops pushing a value further towards its "
                                        "return (it does not bound how far a value moves)")
@@ -290,8 +302,14 @@ def check_config(cfg: Config):
     if cfg.overlong_buffer >= cfg.max_new_tokens:
         raise UserError(f"--overlong_buffer {cfg.overlong_buffer} must be smaller than "
                         f"--max_new_tokens {cfg.max_new_tokens} (the ramp ends at the budget)")
-    if cfg.sampler_lag not in (0, 1):
-        raise UserError(f"--sampler_lag must be 0 or 1, got {cfg.sampler_lag}")
+    if not 0 <= cfg.sampler_lag <= MAX_LAG:
+        raise UserError(f"--sampler_lag must be 0 .. {MAX_LAG}, got {cfg.sampler_lag}")
+    if cfg.offpolicy not in ("auto", *OFFPOLICY):
+        raise UserError(f"--offpolicy must be auto or one of {', '.join(OFFPOLICY)}, got "
+                        f"{cfg.offpolicy!r}")
+    if cfg.offpolicy == "gspo" and cfg.algo not in ("grpo", "rloo"):
+        raise UserError(f"--offpolicy gspo takes one ratio per response, so one advantage per "
+                        f"response: --algo grpo or rloo, not {cfg.algo}")
     if cfg.dynamic_sampling < 0 or cfg.tis_cap < 0:
         raise UserError("--dynamic_sampling and --tis_cap must be >= 0 (0 = off)")
     if 0 < cfg.tis_cap < 1:
@@ -300,8 +318,8 @@ def check_config(cfg: Config):
     if cfg.dynamic_sampling and cfg.algo not in ("grpo", "rloo"):
         raise UserError(f"--dynamic_sampling drops groups of equal scores: --algo grpo or rloo, "
                         f"not {cfg.algo} (it has no groups)")
-    if (cfg.tis_cap or cfg.sampler_lag) and not cfg.mask_env:
-        raise UserError("--tis_cap and --sampler_lag need the sampler's log-prob of every "
+    if (cfg.tis_cap or cfg.sampler_lag or cfg.offpolicy not in ("auto", "none")) and not cfg.mask_env:
+        raise UserError("--tis_cap, --offpolicy and --sampler_lag need the sampler's log-prob of every "
                         "trained token; with "
                         "--mask_env false the environment's tokens have none")
     if cfg.overlong_buffer and cfg.env:
@@ -504,10 +522,12 @@ def main(cfg: Config) -> dict:
     world, rank = world_size(), process_rank()
     local = share_of_process(cfg, world)
     dtype = resolve_dtype(cfg.dtype, device)
-    if cfg.tis_cap and dtype == torch.float32 and not cfg.sampler_lag:
-        raise UserError("--tis_cap corrects a sampler whose log-probs differ from the learner's; "
-                        "in float32 the sampler's are the learner's (they are reused): pass "
-                        "--dtype bfloat16 or float16, or --sampler_lag 1, or drop --tis_cap")
+    if (cfg.tis_cap or cfg.offpolicy not in ("auto", "none")) and dtype == torch.float32 \
+            and not cfg.sampler_lag:
+        raise UserError("--tis_cap and --offpolicy correct a sampler whose log-probs differ from "
+                        "the learner's; in float32 the sampler's are the learner's (they are "
+                        "reused): pass --dtype bfloat16 or float16, or --sampler_lag 1, or drop "
+                        "--tis_cap / --offpolicy")
     if cfg.dynamic_sampling and world > 1:
         raise UserError("--dynamic_sampling keeps a different number of rows on each process; "
                         "run it in one process (without torchrun)")
@@ -586,11 +606,9 @@ def main(cfg: Config) -> dict:
         kl_ctl.load_state_dict(resumed["kl_ctl"])
         kl_high = resumed["kl_over_target"]
         prompt_gen.set_state(resumed["prompt_rng"])
-        trainer.stale = resumed.get("sampler_behind")
-        if trainer.stale is not None and [t.shape for t in trainer.stale] != [
-                p.shape for p in trainable(actor)]:
-            raise UserError(f"{ckpt_path} holds a lagging sampler's weights of another model; "
-                            f"resume with the options it was trained with")
+        if not trainer.queue.load(resumed.get("sampler_behind"), [p.shape for p in trainable(actor)]):
+            raise UserError(f"{ckpt_path} holds a lagging sampler's weights of another model or "
+                            f"lag; resume with the options it was trained with")
         restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
@@ -625,7 +643,7 @@ def main(cfg: Config) -> dict:
             "kl_ctl": kl_ctl.state_dict(), "kl_over_target": kl_high, "step": step,
             "rng": rank_rng_states(sample=sample_gen, shuffle=shuffle_gen),
             "prompt_rng": prompt_gen.get_state(),
-            "sampler_behind": trainer.stale,  # --sampler_lag: the next rollout's weights
+            "sampler_behind": trainer.queue.state(),  # --sampler_lag: the sampler's weights
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
     def draw_prompts() -> list[int]:

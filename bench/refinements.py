@@ -74,7 +74,7 @@ def bf16_mismatch(sft_dir: str, seed: int, prompts: int = 64) -> dict:
     from mingpt_rlhf.checkpoint import load_policy
     from mingpt_rlhf.data import left_pad
     from mingpt_rlhf.logprobs import sequence_logprobs
-    from mingpt_rlhf.refinements import truncated_is_weights
+    from mingpt_rlhf.offpolicy import correct
     from mingpt_rlhf.sampling import generate
     from mingpt_rlhf.tasks import get_task
     policy, tokenizer, _ = load_policy(sft_dir)
@@ -97,7 +97,7 @@ def bf16_mismatch(sft_dir: str, seed: int, prompts: int = 64) -> dict:
             with lctx():
                 lp = sequence_logprobs(policy, out.sequences, out.attention_mask, T,
                                        suppress=suppress)[0].float()
-            _, f = truncated_is_weights(lp * action, out.logprobs.float() * action, action, 0)
+            _, f = correct("none", lp * action, out.logprobs.float() * action, action, 0)
             figures[f"{name}_sampler_vs_{learner}"] = {k: f[k] for k in ("mismatch_kl", "mismatch_abs")}
     return figures
 
@@ -118,7 +118,8 @@ def run(seed: int, root: str, task: str, name: str) -> dict:
     figures["seconds"] = round(seconds, 1)
     figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in train)
     for k in ("zero_groups", "mismatch_kl", "tis_capped"):
-        v = [r[k] for r in train if k in r]
+        # (the share of capped weights is logged as is_cut since the table of corrections)
+        v = [r[k] if k in r else r["is_cut"] for r in train if k in r or (k == "tis_capped" and "is_cut" in r)]
         if v:
             figures[k] = sum(v) / len(v)
     figures["curve"] = [{"step": r["step"], "gold": r["gold"], "kl": r["kl"]}

@@ -30,7 +30,7 @@ from .cli import opt, run
 from .logprobs import sequence_logprobs
 from .losses import KL_ESTIMATORS, LossSpec, actor_loss, experience_advantages
 from .ppo import gae
-from .refinements import truncated_is_weights
+from .offpolicy import correct
 from .tabular import (CHOICES, MAX_LEN, PAD, PREFIX_INDEX, PREFIXES, RESPONSES, TabularPolicy,
                       World, conditionals, kl, make_world, objective, objective_gradient,
                       optimal_policy, optimal_value, response_batch, response_logprobs,
@@ -49,16 +49,18 @@ class Row:
     1), "behind" (a later minibatch: batch, stored log-probs and advantages come from the
     policy one update behind, so the ratio and its clip are at work) or "lagging" (an
     asynchronous sampler one update behind; the learner scored the batch, as with
-    --sampler_lag 1). values (gae only): "exact" (the value of each prefix under the sampler,
-    of the rewards the trainer makes) or "arbitrary" (fixed random numbers). tis_cap: as
-    --tis_cap. whiten False: gae's advantages before the whitening the trainer applies (a
+    --sampler_lag 1, corrected by the entry `correction` of offpolicy.OFFPOLICY with its
+    `cap`, as --offpolicy and --tis_cap). values (gae only): "exact" (the value of each
+    prefix under the sampler, of the rewards the trainer makes) or "arbitrary" (fixed random
+    numbers). whiten False: gae's advantages before the whitening the trainer applies (a
     component, not a configuration: what the whitening changes is the difference)."""
     name: str
     spec: LossSpec
     batch: int = 3
     sampler: str = "current"
     values: str = "exact"
-    tis_cap: float = 0.0
+    correction: str = "none"
+    cap: float = 0.0
     whiten: bool = True
     follows: str | None = None   # the closed form (FOLLOWS) its update equals, times `scale`
     scale: float = 1.0
@@ -111,17 +113,18 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
         ref = scored(TabularPolicy(world.ref))[0] * action_mask
         now = logprobs.detach() * action_mask
         before = scored(TabularPolicy(behind))[0] * action_mask if behind is not None else now
+    weights = None
     if row.sampler == "current":
-        sampler, stored = now, now          # stored: the log-probs kept in the experience
+        sampler, stored = now, now          # stored: the learner's log-probs at scoring time
     elif row.sampler == "behind":
         sampler, stored = before, before
     elif row.sampler == "lagging":
         sampler, stored = before, now
+        (old, weights), _ = correct(row.correction, now, before, action_mask, row.cap)
     else:
         raise ValueError(f"unknown sampler {row.sampler!r}")
-    weights = None
-    if row.tis_cap > 0:
-        weights, _ = truncated_is_weights(stored, sampler, action_mask, row.tis_cap)
+    if row.sampler != "lagging":
+        old = stored                        # the ratio's denominator
     placed = torch.zeros_like(action_mask)
     placed[torch.arange(len(RESPONSES)), action_mask.sum(-1).long() - 1] = world.reward
     if spec.advantages == "gae" and row.values == "exact":
@@ -141,7 +144,7 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
         if row.whiten:
             _, advantages, _ = experience_advantages(place, stored_lp, ref_lp, value, mask, spec,
                                                      world.beta, True,
-                                                     weight if row.tis_cap > 0 else None)
+                                                     weight if weights is not None else None)
         else:  # the component: gae's advantages as they are before the whitening
             rewards = place
             if spec.kl_in == "reward":
@@ -152,7 +155,7 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
 
     ones = torch.ones_like(action_mask)
     losses = torch.vmap(batch_loss)(
-        logprobs[index], entropy[index], stored[index], ref[index], stored[index],
+        logprobs[index], entropy[index], old[index], ref[index], stored[index],
         values[index], placed[index], action_mask[index],
         (weights if weights is not None else ones)[index])
     (grad,) = torch.autograd.grad((prob * losses).sum(), theta)
@@ -272,8 +275,19 @@ ROWS = [
     Row("gspo clip 0.1, a later minibatch (rloo)",
         _spec(advantages="rloo", reduction="sequence", policy_loss="sequence", clip_range=0.1,
               clip_high=0.1), sampler="behind"),
+    # a sampler one update behind, each entry of offpolicy.OFFPOLICY
     Row("lagging sampler, uncorrected (rloo)", _spec(**_RLOO), sampler="lagging"),
-    Row("lagging sampler, tis cap 1.2 (rloo)", _spec(**_RLOO), sampler="lagging", tis_cap=1.2),
+    Row("lagging sampler, ratio and clip against the sampler (rloo)", _spec(**_RLOO),
+        sampler="lagging", correction="clip"),
+    Row("lagging sampler, decoupled, uncapped (rloo)", _spec(**_RLOO), sampler="lagging",
+        correction="decoupled"),
+    Row("lagging sampler, tis cap 1.2 (rloo)", _spec(**_RLOO), sampler="lagging",
+        correction="tis", cap=1.2),
+    Row("lagging sampler, mask outside [1/1.2, 1.2] (rloo)", _spec(**_RLOO), sampler="lagging",
+        correction="mask", cap=1.2),
+    Row("lagging sampler, gspo clip 0.1 against the sampler (rloo)",
+        _spec(advantages="rloo", policy_loss="sequence", reduction="sequence", clip_range=0.1,
+              clip_high=0.1), sampler="lagging", correction="gspo"),
 ]
 
 

@@ -67,7 +67,7 @@ def spec_of(cfg) -> LossSpec:
     kl_estimator = getattr(cfg, "kl_estimator", "auto")
     return LossSpec(
         advantages=advantages,
-        policy_loss=getattr(cfg, "ratio", "token"),
+        policy_loss="sequence" if getattr(cfg, "offpolicy", "") == "gspo" else getattr(cfg, "ratio", "token"),
         reduction=cfg.reduction, kl_in=cfg.kl_in,
         kl_estimator=default_kl_estimator(cfg.kl_in) if kl_estimator == "auto" else kl_estimator,
         clip_range=cfg.clip_range, clip_high=getattr(cfg, "clip_range_high", 0) or cfg.clip_range,

@@ -28,7 +28,7 @@ sampled ("negative KL").
 In float32 the sampler's own log-probs of the tokens it drew (and a shared critic's values) are
 kept as the old policy's: a second pass of the actor over the finished sequences would give the
 same numbers to rounding, so make_experience skips it (not with `sampler_lag`, whose sampler is
-an older copy of the actor). Under autocast the sampler's cached steps and a full pass round
+an older copy of the actor: offpolicy.py). Under autocast the sampler's cached steps and a full pass round
 apart by low-precision noise, so there a scoring pass computes them, the same pass the
 reference takes (docs/methods.md, "Why the ratio is still right").
 
@@ -59,7 +59,8 @@ from .losses import (GROUP_BASELINES, actor_loss, default_kl_estimator,
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
                   value_loss)
-from .refinements import informative_groups, overlong_penalty, truncated_is_weights
+from .offpolicy import SamplerQueue, cap_of, correct, resolved_offpolicy
+from .refinements import informative_groups, overlong_penalty
 from .sampling import GenerationOutput, generate
 
 
@@ -77,6 +78,7 @@ def resolve_auto_options(cfg):
     - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
     - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing), else "reward";
     - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
+    - offpolicy "gspo": ratio "sequence" (GSPO's ratio, taken against the sampler);
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
       sequence with one ratio per response (`ratio == "sequence"`, GSPO), whose loss is a mean
       over responses whatever the reduction says (the KL in the loss then follows it).
@@ -85,8 +87,10 @@ def resolve_auto_options(cfg):
     scores are all equal the rewards differ only by beta x KL, and dividing by their std
     would blow that noise up to advantages of +-1; and GSPO with another reduction than its own."""
     algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
-    gspo = getattr(cfg, "ratio", "token") == "sequence"
+    gspo = getattr(cfg, "ratio", "token") == "sequence" or getattr(cfg, "offpolicy", "") == "gspo"
     auto = {}
+    if getattr(cfg, "offpolicy", "") == "gspo" and hasattr(cfg, "ratio"):  # GSPO's ratio
+        auto["ratio"] = "sequence"
     if cfg.actor_lr == -1:
         auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") in ("task", "env") else 5e-5
     if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
@@ -158,13 +162,15 @@ class PPOTrainer:
         # in float32 the sampler's log-probs are the scoring pass's to rounding, so that pass
         # is skipped; under autocast they differ by low-precision noise (module docstring)
         self.reuse_sampler_logprobs = dtype == torch.float32 and not getattr(cfg, "sampler_lag", 0)
-        # truncated importance sampling: the sampler's log-probs are kept beside the scoring
-        # pass's, to weigh each token by their ratio (refinements.py)
-        self.tis_cap = getattr(cfg, "tis_cap", 0.0)
-        # a sampler one update behind the learner (--sampler_lag 1): the actor's trainable
-        # weights as they were before the last update, swapped in to sample (`sampling`)
+        # a sampler N updates behind the learner (--sampler_lag N): the actor's trainable
+        # weights of N updates ago, swapped in to sample (`sampling`); the sampler's log-probs
+        # are kept beside the scoring pass's, and the run's off-policy correction
+        # (--offpolicy, offpolicy.py) decides what the ratio is taken against and how each
+        # token is weighed
         self.sampler_lag = getattr(cfg, "sampler_lag", 0)
-        self.stale = None
+        self.queue = SamplerQueue(self.sampler_lag)
+        self.offpolicy = resolved_offpolicy(cfg)
+        self.is_cap = cap_of(cfg)
         self.episodes = episodes
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
@@ -181,7 +187,7 @@ class PPOTrainer:
         """Whether the sampler keeps its log-probs: to reuse them as the learner's (float32,
         no lag), or to keep them beside the learner's for truncated importance sampling and to
         measure how far a lagging sampler is off."""
-        return self.reuse_sampler_logprobs or self.tis_cap > 0 or self.sampler_lag > 0
+        return self.reuse_sampler_logprobs or self.offpolicy != "none" or self.sampler_lag > 0
 
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
@@ -234,18 +240,19 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def sampling(self, for_update: bool):
-        """The actor as the sampler of a training rollout: itself, or with --sampler_lag 1 its
-        weights of one update ago (swapped in, and back out after)."""
-        if not (self.sampler_lag and for_update and self.stale is not None):
+        """The actor as the sampler of a training rollout: itself, or with --sampler_lag N its
+        weights of N updates ago (swapped in, and back out after)."""
+        stale = self.queue.oldest()
+        if not (for_update and stale is not None):
             yield
             return
         params = trainable(self.actor)
-        assert len(params) == len(self.stale) and all(
-            p.shape == old.shape for p, old in zip(params, self.stale)), "stale weights of another model"
+        assert len(params) == len(stale) and all(
+            p.shape == old.shape for p, old in zip(params, stale)), "stale weights of another model"
         now = [p.detach().clone() for p in params]
         try:
             with torch.no_grad():
-                for p, old in zip(params, self.stale):
+                for p, old in zip(params, stale):
                     p.copy_(old)
             yield
         finally:
@@ -393,16 +400,17 @@ class PPOTrainer:
         spec = self.spec
         if spec.advantages in GROUP_BASELINES and for_update:
             self.check_groups(group_keys)
-        mismatch, weights = {}, None
+        mismatch, old_logprobs, weights = {}, logprobs, None
         if out.logprobs is not None and not reuse:  # the sampler's and the learner's differ
-            weights, mismatch = truncated_is_weights(logprobs, out.logprobs.float() * action_mask,
-                                                     action_mask, self.tis_cap)
-        # the KL penalty (in the reward), the advantages (losses.ADVANTAGES) and, with
-        # --tis_cap, the importance weights on them: losses.py, one call
+            # the ratio's denominator and each token's weight: offpolicy.OFFPOLICY, one call
+            (old_logprobs, weights), mismatch = correct(
+                self.offpolicy, logprobs, out.logprobs.float() * action_mask, action_mask,
+                self.is_cap)
+        # the KL penalty (in the reward, from the learner's log-probs), the advantages
+        # (losses.ADVANTAGES) and the correction's weights on them: losses.py, one call
         rewards, advantages, returns = experience_advantages(
-            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update,
-            weights if self.tis_cap > 0 else None)
-        exp = Experience(seqs, attn, action_mask, logprobs, ref_logprobs, values, rewards,
+            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update, weights)
+        exp = Experience(seqs, attn, action_mask, old_logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores)
 
         stats = {
@@ -565,11 +573,9 @@ class PPOTrainer:
             stats[k] = sum(s[k] for s in roll)
         if dynamic:
             stats.update(rollouts=len(roll), kept_rows=kept, dropped_groups=dropped / groups)
-        # the weights that sampled this iteration's learner: the next iteration's sampler
-        self.stale = None  # (one copy of the weights at a time, not two)
-        before = [p.detach().clone() for p in trainable(self.actor)] if self.sampler_lag else None
+        # the weights before this update: the sampler of the iteration sampler_lag from now
+        self.queue.push(trainable(self.actor))
         stats.update(self.learn(shuffle_gen))
-        self.stale = before
         stats = mean_over_ranks(stats)  # under torchrun: the whole batch's figures
         stats["gen_tokens"] *= world_size()  # a cost: the sum over the processes, not a mean
         self.kl_ctl.update(stats["kl"])

@@ -42,13 +42,12 @@ Each is an option of train_ppo.py, off by default; each changes one thing:
    rounding and the sampler's numbers are reused; under bfloat16 they differ, and the update
    is slightly off-policy without knowing it. TIS weighs each token's loss by
    min(pi_learner / pi_sampler, C), the importance weight from the distribution that really
-   sampled it, truncated at C so that one token cannot dominate (`truncated_is_weights`,
-   `--tis_cap C`). The weight is a constant >= 0, so weighing the clipped surrogate by it is
-   the same as multiplying the token's advantage by it, which is how the trainer applies it.
-   What it leaves uncorrected: the KL term when it is in the loss (`--kl_in loss`), the logged
-   KL that drives the adaptive controller, and the truncation of top-k / top-p sampling (the
-   sampler's log-probs are those of the full tempered distribution). `--sampler_lag 1` makes
-   a sampler one update behind the learner, to measure what the correction is worth.
+   sampled it, truncated at C so that one token cannot dominate (`--tis_cap C`). It is one
+   entry of the table of off-policy corrections (offpolicy.py, `--offpolicy`), beside the
+   others for a sampler that lags the learner (`--sampler_lag N`). What it leaves
+   uncorrected: the KL term when it is in the loss (`--kl_in loss`), the logged KL that
+   drives the adaptive controller, and the truncation of top-k / top-p sampling (the
+   sampler's log-probs are those of the full tempered distribution).
 
 Every function here is checked against a hand computation in tests/test_refinements.py.
 """
@@ -108,21 +107,3 @@ def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     keep = g.max(-1).values != g.min(-1).values                                 # (G,)
     rows = torch.arange(len(scores), device=scores.device).view(-1, group_size)
     return rows[keep].flatten()
-
-
-def truncated_is_weights(learner_logprobs, sampler_logprobs, action_mask, cap: float):
-    """((B, N) weights, figures) of truncated importance sampling.
-
-    r = exp(learner - sampler) per token, the probability the learner gives the sampled token
-    over the probability the sampler gave it; weight = min(r, cap) on real tokens (cap 0: no
-    truncation, r itself), 1 elsewhere. figures, over real tokens: mismatch_kl, the k3
-    estimate (r - 1) - log r of KL(sampler || learner), per token; mismatch_abs, the mean
-    |log r|; tis_capped, the share of tokens whose weight the cap cut."""
-    log_r = (learner_logprobs - sampler_logprobs) * action_mask
-    r = torch.exp(log_r)
-    weights = torch.where(action_mask.bool(), r.clamp(max=cap) if cap > 0 else r, 1.0)
-    figures = {"mismatch_kl": masked_mean((r - 1) - log_r, action_mask).item(),
-               "mismatch_abs": masked_mean(log_r.abs(), action_mask).item(),
-               "tis_capped": masked_mean((r > cap).float() if cap > 0 else torch.zeros_like(r),
-                                         action_mask).item()}
-    return weights, figures

@@ -12,6 +12,7 @@ from mingpt_rlhf.gradients import (FOLLOWS, ROWS, arbitrary_values, evaluation_p
                                    semi_gradient)
 from mingpt_rlhf.logprobs import sequence_logprobs
 from mingpt_rlhf.losses import TABLES
+from mingpt_rlhf.offpolicy import OFFPOLICY
 from mingpt_rlhf.tabular import (MAX_LEN, PAD, PREFIXES, RESPONSES, TabularPolicy,
                                  ipo_optimal_policy, kl, make_world, objective,
                                  objective_gradient, optimal_policy, optimal_value,
@@ -132,8 +133,17 @@ def reference_update(row, table, behind, world):
     rewards[torch.arange(len(RESPONSES)), MASK.sum(-1).long() - 1] = world.reward
     if spec.kl_in == "reward":
         rewards = rewards - beta * est
-    weight = (torch.clamp(torch.exp(stored - sampler), max=row.tis_cap) if row.tis_cap
-              else torch.ones_like(MASK))
+    # a lagging sampler's correction: the ratio's denominator, and each token's weight from
+    # r = learner / sampler at scoring time (offpolicy.py's table, written out again)
+    r = torch.exp(stored - sampler)
+    cap = row.cap
+    old_of = {"none": stored, "clip": sampler, "decoupled": stored, "tis": stored,
+              "mask": stored, "gspo": sampler}
+    weight = {"none": torch.ones_like(MASK), "clip": torch.ones_like(MASK), "gspo": torch.ones_like(MASK),
+              "decoupled": r.clamp(max=cap) if cap else r, "tis": r.clamp(max=cap),
+              "mask": torch.where((r >= 1 / cap) & (r <= cap), r, 0.0) if cap else None}[row.correction]
+    weight = torch.where(MASK.bool(), weight, 1.0)
+    ratio_to = old_of[row.correction] if row.sampler == "lagging" else stored
     batches = torch.tensor(list(itertools.product(range(len(RESPONSES)), repeat=n)))
     prob = sampler.sum(-1).exp()[batches].prod(-1)                     # (G,)
     mask = MASK[batches]                                               # (G, n, N)
@@ -163,7 +173,7 @@ def reference_update(row, table, behind, world):
     share = {"token": mask / mask.sum((-1, -2), keepdim=True),
              "sequence": mask / (n * lengths),
              "budget": mask / (n * MAX_LEN)}[spec.reduction]           # each token's share
-    old = stored[batches]
+    old = ratio_to[batches]
     logp = learner[batches]
     if spec.policy_loss == "token":
         ratio = torch.exp(logp.detach() - old)
@@ -191,6 +201,7 @@ def reference_update(row, table, behind, world):
 def test_every_entry_of_every_table_has_a_row():
     """A new advantage estimator, policy loss, reduction or KL pair cannot land unchecked."""
     used = {role: {getattr(row.spec, role) for row in ROWS} for role in TABLES}
+    assert set(OFFPOLICY) <= {row.correction for row in ROWS if row.sampler == "lagging"}
     for role, table in TABLES.items():
         assert set(table) <= used[role], f"{role}: no oracle row for {set(table) - used[role]}"
     pairs = {(row.spec.kl_in, row.spec.kl_estimator) for row in ROWS}

@@ -11,7 +11,7 @@ from mingpt_rlhf import cli, losses, ppo_trainer
 from mingpt_rlhf.ppo import policy_loss
 from mingpt_rlhf.ppo import align_and_cat
 from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
-                                     sequence_policy_loss, truncated_is_weights)
+                                     sequence_policy_loss)
 from test_scripts import ppo_cfg, read_metrics
 
 
@@ -102,21 +102,6 @@ def test_informative_groups_are_those_whose_scores_differ():
     assert informative_groups(torch.zeros(6), 2).tolist() == []
 
 
-def test_truncated_is_weights_by_hand():
-    """Token 1: learner 0.5, sampler 0.25, r = 2, capped to 1.5. Token 2: 0.2 and 0.4, r = 0.5
-    (a weight below 1 is never raised). Token 3 is padding: weight 1, left out of the figures.
-    mismatch_kl = mean of (2 - 1 - ln 2) and (0.5 - 1 - ln 0.5) = 0.25; mismatch_abs = ln 2."""
-    learner = torch.tensor([[math.log(0.5), math.log(0.2), 3.0]])
-    sampler = torch.tensor([[math.log(0.25), math.log(0.4), -3.0]])
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    weights, figures = truncated_is_weights(learner, sampler, mask, 1.5)
-    assert weights[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
-    assert figures["mismatch_kl"] == pytest.approx(0.25)
-    assert figures["mismatch_abs"] == pytest.approx(math.log(2))
-    assert figures["tis_capped"] == pytest.approx(0.5)
-    assert truncated_is_weights(learner, sampler, mask, 0)[0][0].tolist() == pytest.approx([2, 0.5, 1])
-
-
 # ----------------------------------------------------------------------------- in the trainer
 from test_ppo_trainer import Cfg, make_trainer  # noqa: E402
 from test_critic_free import grouped_prompts  # noqa: E402
@@ -188,10 +173,10 @@ def test_a_lagging_sampler_samples_with_the_weights_of_one_update_ago():
     tr = make_trainer(Cfg(algo="grpo", group_size=4, sampler_lag=1), critic_free=True)
     first = [p.detach().clone() for p in ppo_trainer.trainable(tr.actor)]
     tr.step([grouped_prompts(4, 4)], torch.Generator().manual_seed(0))
-    assert all(torch.equal(a, b) for a, b in zip(tr.stale, first))  # the weights before the update
+    assert all(torch.equal(a, b) for a, b in zip(tr.queue.oldest(), first))  # before the update
     behind = copy.deepcopy(tr.actor)
     with torch.no_grad():
-        for p, old in zip(ppo_trainer.trainable(behind), tr.stale):
+        for p, old in zip(ppo_trainer.trainable(behind), tr.queue.oldest()):
             p.copy_(old)
     exp, _ = tr.make_experience(*grouped_prompts(4, 4, seed=3), torch.Generator().manual_seed(5))
     tr_behind = make_trainer(Cfg(algo="grpo", group_size=4), critic_free=True)
@@ -199,7 +184,7 @@ def test_a_lagging_sampler_samples_with_the_weights_of_one_update_ago():
     ref = tr_behind.sample(*grouped_prompts(4, 4, seed=3), torch.Generator().manual_seed(5))
     assert torch.equal(exp.sequences, ref.sequences)
     # the actor is back to its own weights afterwards, and an eval samples with them
-    assert not all(torch.equal(p, old) for p, old in zip(ppo_trainer.trainable(tr.actor), tr.stale))
+    assert not all(torch.equal(p, old) for p, old in zip(ppo_trainer.trainable(tr.actor), tr.queue.oldest()))
 
 
 def test_truncated_importance_sampling_weighs_each_token_by_learner_over_sampler():
@@ -222,7 +207,7 @@ def test_truncated_importance_sampling_weighs_each_token_by_learner_over_sampler
     torch.testing.assert_close(plain.logprobs, tis.logprobs)
     mask = tis.action_mask
     ratio = torch.exp((tis.logprobs - sampled.logprobs.float() * mask) * mask)
-    assert stats["mismatch_kl"] > 0 and stats["tis_capped"] > 0      # the mismatch is real
+    assert stats["mismatch_kl"] > 0 and stats["is_cut"] > 0          # the mismatch is real
     assert plain_stats["mismatch_kl"] == pytest.approx(stats["mismatch_kl"], rel=1e-3)  # TIS or not
     expected = plain.advantages * torch.where(mask.bool(), ratio.clamp(max=1.05), 1.0)
     torch.testing.assert_close(tis.advantages, expected)
@@ -243,11 +228,11 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     calls = []
     real_token, real_seq = losses.policy_loss, losses.sequence_policy_loss
     real_adv, real_over = losses.reinforce_pp_advantages, ppo_trainer.overlong_penalty
-    real_info, real_tis = ppo_trainer.informative_groups, ppo_trainer.truncated_is_weights
+    real_info, real_tis = ppo_trainer.informative_groups, ppo_trainer.correct
     monkeypatch.setattr(ppo_trainer, "informative_groups", lambda *a, **k: (
         calls.append("informative"), real_info(*a, **k))[1])
-    monkeypatch.setattr(ppo_trainer, "truncated_is_weights", lambda *a, **k: (
-        calls.append("tis"), real_tis(*a, **k))[1])
+    monkeypatch.setattr(ppo_trainer, "correct", lambda *a, **k: (
+        calls.append(a[0]), real_tis(*a, **k))[1])
     monkeypatch.setattr(losses, "policy_loss", lambda *a, **k: (
         calls.append(f"clip_high={k.get('clip_high')}"), real_token(*a, **k))[1])
     monkeypatch.setattr(losses, "sequence_policy_loss", lambda *a, **k: (
@@ -271,7 +256,7 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     (["--dynamic_sampling", "2"], "--algo grpo or rloo, not ppo"),
     (["--dynamic_sampling", "-1"], "must be >= 0"),
     (["--tis_cap", "2", "--dtype", "float32"], "in float32 the sampler's are the learner's"),
-    (["--sampler_lag", "2"], "--sampler_lag must be 0 or 1"),
+    (["--sampler_lag", "9"], "--sampler_lag must be 0 .. 8"),
     (["--tis_cap", "0.5"], "use a cap >= 1"),
     (["--tis_cap", "2", "--env", "guess", "--mask_env", "false"], "environment's tokens have none"),
     (["--sampler_lag", "1", "--env", "guess", "--mask_env", "false"], "need the sampler's"),

@@ -1,0 +1,168 @@
+"""Stale samples (mingpt_rlhf/offpolicy.py): every correction against a hand computation, the
+trainer applying the run's entry, a sampler exactly N updates behind, the queue's memory, and
+exact resume at the largest lag. The expected gradient of each correction at a lagging sampler
+is tests/test_gradients.py's business (a row per entry)."""
+import copy
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import conftest
+import train_ppo
+from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf.losses import spec_of
+from mingpt_rlhf.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, SamplerQueue, cap_of, correct,
+                                   resolved_offpolicy)
+from test_critic_free import grouped_prompts
+from test_ppo_trainer import Cfg, make_trainer
+from test_scripts import assert_same_weights, killed_after_first_save, ppo_cfg
+
+# three tokens of one response and a PAD: log pi_prox - log mu = log 2, log 1/2, log 1.1, (pad)
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+SAMPLER = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+LEARNER = SAMPLER + torch.log(torch.tensor([[2.0, 0.5, 1.1, 1.0]])) * MASK
+
+
+@dataclass
+class LagCfg(Cfg):
+    offpolicy: str = "auto"
+    ratio: str = "token"
+
+
+@pytest.mark.parametrize("name,cap,old,weights", [
+    ("none", 0.0, LEARNER, None),
+    ("clip", 0.0, SAMPLER, None),
+    ("gspo", 0.0, SAMPLER, None),
+    ("decoupled", 0.0, LEARNER, [2.0, 0.5, 1.1, 1.0]),
+    ("decoupled", 1.5, LEARNER, [1.5, 0.5, 1.1, 1.0]),
+    ("tis", 1.5, LEARNER, [1.5, 0.5, 1.1, 1.0]),
+    ("mask", 1.5, LEARNER, [0.0, 0.0, 1.1, 1.0]),      # 2 > 1.5 and 0.5 < 1 / 1.5: dropped
+    ("mask", 2.0, LEARNER, [2.0, 0.5, 1.1, 1.0]),      # [0.5, 2] keeps both ends
+])
+def test_each_correction_by_hand(name, cap, old, weights):
+    (got_old, got_weights), figures = correct(name, LEARNER, SAMPLER, MASK, cap)
+    assert torch.equal(got_old, old)
+    if weights is None:
+        assert got_weights is None
+    else:
+        torch.testing.assert_close(got_weights, torch.tensor([weights]))
+    # over the 3 real tokens: mean |log r| and mean (r - 1) - log r, r = 2, 0.5, 1.1
+    r = torch.tensor([2.0, 0.5, 1.1])
+    assert figures["mismatch_abs"] == pytest.approx(r.log().abs().mean().item(), rel=1e-5)
+    assert figures["mismatch_kl"] == pytest.approx(((r - 1) - r.log()).mean().item(), rel=1e-5)
+    changed = 0 if weights is None else sum(abs(w - x) > 1e-6 for w, x in zip(weights[:3], r.tolist()))
+    assert figures["is_cut"] == pytest.approx(changed / 3)
+
+
+def test_auto_and_the_cap_resolve_as_documented():
+    assert resolved_offpolicy(LagCfg()) == "none" and cap_of(LagCfg()) == 0.0
+    assert resolved_offpolicy(LagCfg(tis_cap=3.0)) == "tis" and cap_of(LagCfg(tis_cap=3.0)) == 3.0
+    assert cap_of(LagCfg(offpolicy="mask")) == cap_of(LagCfg(offpolicy="tis")) == DEFAULT_CAP
+    assert cap_of(LagCfg(offpolicy="decoupled")) == 0.0                 # decoupled: no cap
+    assert resolved_offpolicy(Cfg()) == "none"                          # a config without it
+    gspo = ppo_trainer.resolve_auto_options(LagCfg(algo="grpo", offpolicy="gspo"))
+    assert gspo.ratio == "sequence" and gspo.reduction == "sequence"
+    assert spec_of(gspo).policy_loss == "sequence" and spec_of(LagCfg(algo="grpo", offpolicy="tis",
+                                                                      reduction="budget")).policy_loss == "token"
+
+
+def lagging_trainer(offpolicy, lag=1, cap=0.0, steps=2):
+    """A GRPO trainer whose sampler is `lag` updates behind after `steps` updates."""
+    tr = make_trainer(ppo_trainer.resolve_auto_options(
+        LagCfg(algo="grpo", group_size=4, sampler_lag=lag, offpolicy=offpolicy, tis_cap=cap,
+               actor_lr=3e-2)), critic_free=True)
+    for i in range(steps):
+        tr.step([grouped_prompts(4, 4, seed=10 + i)], torch.Generator().manual_seed(i))
+    return tr
+
+
+@pytest.mark.parametrize("name", list(OFFPOLICY))
+def test_the_trainer_applies_the_runs_correction(name):
+    """The same stale rollout (same weights, same samples) scored under each entry: the
+    experience's old log-probs are the sampler's for clip and gspo, the learner's otherwise,
+    and its advantages are the uncorrected ones times the entry's weights."""
+    batch = grouped_prompts(4, 4, seed=3)
+    tr = lagging_trainer("none")
+    base, _ = tr.make_experience(*batch, torch.Generator().manual_seed(7))
+    tr.offpolicy, tr.is_cap = name, (1.5 if name in ("decoupled", "tis", "mask") else 0.0)
+    exp, stats = tr.make_experience(*batch, torch.Generator().manual_seed(7))
+    with tr.sampling(True):
+        sampled = tr.sample(*batch, torch.Generator().manual_seed(7), score=True)
+    mask = exp.action_mask
+    assert torch.equal(exp.sequences, base.sequences) and stats["mismatch_kl"] > 1e-4
+    learner, sampler = base.logprobs, sampled.logprobs.float() * mask
+    (old, weights), _ = correct(name, learner, sampler, mask, tr.is_cap)
+    torch.testing.assert_close(exp.logprobs, sampler if name in ("clip", "gspo") else learner)
+    expected = base.advantages if weights is None else base.advantages * weights
+    torch.testing.assert_close(exp.advantages, expected)
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+def test_the_sampler_writes_with_the_weights_of_lag_updates_ago(lag):
+    """After k updates the rollout is sampled with theta_{k - lag} (theta_0 while the queue
+    fills): the same tokens as a copy of the actor holding those weights. The queue holds at
+    most `lag` copies, and the actor has its own weights back after sampling."""
+    tr = make_trainer(Cfg(algo="grpo", group_size=4, sampler_lag=lag, actor_lr=3e-2), critic_free=True)
+    history = [[p.detach().clone() for p in ppo_trainer.trainable(tr.actor)]]   # theta_0, theta_1, ...
+    batch = grouped_prompts(4, 4, seed=3)
+    for k in range(lag + 2):
+        expected_weights = history[max(0, k - lag)]
+        behind = copy.deepcopy(tr.actor)
+        with torch.no_grad():
+            for p, w in zip(ppo_trainer.trainable(behind), expected_weights):
+                p.copy_(w)
+        other = make_trainer(Cfg(algo="grpo", group_size=4), critic_free=True)
+        other.actor = behind
+        want = other.sample(*batch, torch.Generator().manual_seed(k))
+        with tr.sampling(True):
+            got = tr.sample(*batch, torch.Generator().manual_seed(k))
+        assert torch.equal(got.sequences, want.sequences), k
+        tr.step([grouped_prompts(4, 4, seed=20 + k)], torch.Generator().manual_seed(k))
+        history.append([p.detach().clone() for p in ppo_trainer.trainable(tr.actor)])
+        assert len(tr.queue.copies) == min(k + 1, lag)
+        assert not all(torch.equal(a, b) for a, b in zip(history[-1], history[-2]))  # it learned
+
+
+def test_the_queue_keeps_lag_copies_and_loads_an_old_single_copy():
+    q = SamplerQueue(2)
+    for i in range(5):
+        q.push([torch.full((2,), float(i))])
+    assert [c[0][0].item() for c in q.state()] == [3.0, 4.0] and q.oldest()[0][0].item() == 3.0
+    fresh = SamplerQueue(1)
+    assert fresh.load([torch.zeros(2)], [torch.Size([2])])            # before the queue: one list
+    assert len(fresh.copies) == 1
+    assert not SamplerQueue(1).load(q.state(), [torch.Size([2])])      # 2 copies for lag 1
+    assert not SamplerQueue(2).load(q.state(), [torch.Size([3])])      # another model
+    assert SamplerQueue(0).oldest() is None
+    SamplerQueue(0).push([torch.zeros(2)])                             # lag 0 keeps nothing
+
+
+def test_resume_at_the_largest_lag_is_exact(stages, tmp_path):
+    """Killed after its checkpoint at step 10 with a queue of 8 copies, resumed to 12: the same
+    weights as the run never stopped, and the stale rollouts logged the same mismatch."""
+    root = stages[0]
+    kw = dict(algo="grpo", group_size=4, sampler_lag=MAX_LAG, offpolicy="decoupled",
+              max_iters=12, eval_interval=10, rollout_batch_size=8, minibatch_size=8,
+              ppo_epochs=1, max_new_tokens=8, eval_prompts=8, actor_lr=1e-3)
+    straight = train_ppo.main(ppo_cfg(tmp_path / "straight", root / "sft", root / "rm", **kw))
+    killed_after_first_save(train_ppo, ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", **kw))
+    saved = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert saved["step"] == 10 and len(saved["sampler_behind"]) == MAX_LAG
+    resumed = train_ppo.main(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True, **kw))
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    assert_same_weights(a["actor"], b["actor"])
+    assert resumed["gold"] == straight["gold"] and math.isfinite(straight["kl"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--sampler_lag", "9"], "--sampler_lag must be 0 .. 8"),
+    (["--offpolicy", "bogus"], "--offpolicy must be auto or one of"),
+    (["--offpolicy", "gspo", "--algo", "ppo"], "--algo grpo or rloo"),
+    (["--offpolicy", "clip", "--dtype", "float32"], "in float32 the sampler's are the learner's"),
+])
+def test_impossible_lag_options_exit_2(tmp_path, capsys, argv, needle):
+    line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), *argv])
+    assert needle in line, line
