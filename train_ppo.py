@@ -62,6 +62,7 @@ from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.hacking import HackingMonitor, HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, check_lora_options, has_lora, merged_state_dict, parse_targets
+from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.offpolicy import MAX_LAG, OFFPOLICY
 from mingpt_rlhf.plot import picture_of_run
@@ -108,8 +109,15 @@ class Config:
     algo: str = opt("ppo", "ppo (critic + GAE) | grpo (group-normalised rewards, no critic) | "
                            "rloo (leave-one-out baseline, no critic) | reinforce++ (PPO's "
                            "per-token KL rewards, no critic, returns normalised over the "
-                           "whole batch); see docs/methods.md and mingpt_rlhf/refinements.py")
-    group_size: int = opt(8, "grpo / rloo: responses sampled per prompt (a group, >= 2)")
+                           "whole batch) | online_dpo (DPO's loss on the best and worst of "
+                           "each group the policy samples, no critic; mingpt_rlhf/online_dpo.py); "
+                           "see docs/methods.md and mingpt_rlhf/refinements.py")
+    group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
+                             ">= 2; 0 = auto: 2 for online_dpo, else 8)")
+    dpo_beta: float = opt(0.3, "online_dpo: DPO's beta, the strength of the implicit KL to the "
+                               "reference (the KL penalty options are not used)")
+    dpo_loss: str = opt("sigmoid", "online_dpo: sigmoid (DPO) | ipo (squared loss towards "
+                                   "h = 1 / (2 beta))")
     kl_in: str = opt("auto", "where the KL penalty goes: reward (beta x --kl_estimator per "
                              "token off the reward; grpo / rloo sum it per response) | loss "
                              "(beta x --kl_estimator per token in the loss, reduced like the "
@@ -280,6 +288,24 @@ class Config:
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
+def check_online_dpo(cfg: Config) -> None:
+    """What online DPO cannot take: its loss has no ratio to correct, no critic, no
+    reduction, and learns from whole pairs."""
+    if cfg.dpo_loss not in ("sigmoid", "ipo"):
+        raise UserError(f"--dpo_loss must be sigmoid or ipo, got {cfg.dpo_loss!r}")
+    if cfg.dpo_beta <= 0:
+        raise UserError(f"--dpo_beta must be > 0, got {cfg.dpo_beta}")
+    if cfg.offpolicy not in ("auto", "none") or cfg.tis_cap or cfg.ratio != "token":
+        raise UserError("online_dpo's loss takes no ratio to the sampler: drop --offpolicy, "
+                        "--tis_cap and --ratio (a lagging sampler changes its pairs, not its loss)")
+    if cfg.minibatch_size % 2:
+        raise UserError(f"online_dpo learns from whole pairs: --minibatch_size must be even, got "
+                        f"{cfg.minibatch_size}")
+    if cfg.dynamic_sampling:
+        raise UserError("online_dpo already drops the groups whose scores are all equal; drop "
+                        "--dynamic_sampling")
+
+
 def check_config(cfg: Config):
     if cfg.eval_prompts_file and not cfg.prompts:
         raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
@@ -290,8 +316,12 @@ def check_config(cfg: Config):
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
-    if cfg.algo not in ("ppo", "grpo", "rloo", "reinforce++"):
-        raise UserError(f"--algo must be ppo, grpo, rloo or reinforce++, got {cfg.algo!r}")
+    if cfg.algo not in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo"):
+        raise UserError(f"--algo must be ppo, grpo, rloo, reinforce++ or online_dpo, got {cfg.algo!r}")
+    if cfg.group_size == 0:
+        cfg.group_size = 2 if cfg.algo == "online_dpo" else 8
+    if cfg.algo == "online_dpo":
+        check_online_dpo(cfg)
     if cfg.ratio not in ("token", "sequence"):
         raise UserError(f"--ratio must be token or sequence, got {cfg.ratio!r}")
     if cfg.ratio == "sequence" and cfg.algo not in ("grpo", "rloo"):
@@ -368,7 +398,7 @@ def check_config(cfg: Config):
         raise UserError(f"--minibatch_size {cfg.minibatch_size} is larger than an update's "
                         f"responses (--rollout_batch_size x --rollouts_per_update = "
                         f"{cfg.rollout_batch_size * cfg.rollouts_per_update})")
-    if cfg.algo in ("grpo", "rloo") and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
+    if cfg.algo in GROUP_ALGOS and (cfg.group_size < 2 or cfg.rollout_batch_size % cfg.group_size):
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
@@ -500,7 +530,7 @@ def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
 def share_of_process(cfg: Config, world: int) -> Config:
     """The sizes one process works with under torchrun: its share of every rollout batch and
     of every minibatch (whole GRPO / RLOO groups). One process: `cfg` itself."""
-    grouped = cfg.algo in ("grpo", "rloo")
+    grouped = cfg.algo in GROUP_ALGOS
     groups = cfg.rollout_batch_size // (cfg.group_size if grouped else 1)
     if groups % world or cfg.minibatch_size % world:
         unit = "groups" if grouped else "prompts"
@@ -559,7 +589,8 @@ def main(cfg: Config) -> dict:
     encoded_prompts = [encode_prompt(tokenizer, p, max_prompt) for p in train_prompts]
 
     # ---- trainer (optimizers, KL controller)
-    kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+    kl_ctl = (FixedKLController(0.0) if cfg.algo == "online_dpo"  # its KL: DPO's beta, in the loss
+              else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
 
     # the reward: the RM's normalised score at the last real token, or a check of the text
@@ -625,7 +656,8 @@ def main(cfg: Config) -> dict:
     method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
               if cfg.algo == "reinforce++" else
               f"{cfg.algo}, groups of {cfg.group_size}")
-    method += f", KL {cfg.kl_estimator} in the {cfg.kl_in}"
+    method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
+               if cfg.algo == "online_dpo" else f", KL {cfg.kl_estimator} in the {cfg.kl_in}")
     data = (f"episodes of {env_name} (up to {cfg.max_turns} turns), {cfg.eval_prompts} eval "
             f"episodes" if cfg.env else f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts")
     print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), {data}, "
@@ -650,7 +682,7 @@ def main(cfg: Config) -> dict:
         """Prompt indices of this process's share of one rollout batch: grpo / rloo draw
         rollout_batch_size / k prompts and repeat each k times in a row (a group), ppo draws
         rollout_batch_size; every rank draws the same ones and keeps its slice (whole groups)."""
-        k = cfg.group_size if cfg.algo in ("grpo", "rloo") else 1
+        k = cfg.group_size if cfg.algo in GROUP_ALGOS else 1
         if cfg.env:  # episode seeds, above the held-out ones; a group shares its seed
             idx = torch.randint(HELD_OUT_SEEDS, 2 ** 31 - 1, (cfg.rollout_batch_size // k,),
                                 generator=prompt_gen)

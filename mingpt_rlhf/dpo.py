@@ -30,6 +30,15 @@ def response_logprob_sums(model, ids, attention_mask, response_mask, suppress=No
     return torch.zeros(len(ids), dtype=logp.dtype, device=logp.device).index_add(0, rows, logp)
 
 
+def pair_losses(h: torch.Tensor, beta: float, loss: str = "sigmoid") -> torch.Tensor:
+    """Each pair's loss from its h = (log pi(c) - log ref(c)) - (log pi(r) - log ref(r))."""
+    if loss == "sigmoid":
+        return -F.logsigmoid(beta * h)
+    if loss == "ipo":
+        return (h - 1 / (2 * beta)) ** 2
+    raise ValueError(f"unknown DPO loss {loss!r}")
+
+
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: float = 0.1,
              loss: str = "sigmoid"):
     """Mean DPO (or IPO) loss over pairs from (B,) summed log-probs, and its diagnostics:
@@ -38,12 +47,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
     chosen = policy_chosen - ref_chosen        # log-ratio of each side
     rejected = policy_rejected - ref_rejected
     h = chosen - rejected
-    if loss == "sigmoid":
-        losses = -F.logsigmoid(beta * h)
-    elif loss == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    else:
-        raise ValueError(f"unknown DPO loss {loss!r}")
+    losses = pair_losses(h, beta, loss)
     with torch.no_grad():
         stats = {"reward_acc": (chosen > rejected).float().mean(),
                  "margin": (beta * h).mean(),

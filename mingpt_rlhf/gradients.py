@@ -230,7 +230,7 @@ GROUP = 3                          # responses per batch: a group for the group 
 
 
 def _spec(**options) -> LossSpec:
-    return LossSpec(group_size=GROUP, **options)
+    return LossSpec(**{"group_size": GROUP, **options})
 
 
 _RLOO = dict(advantages="rloo", reduction="budget")
@@ -275,6 +275,9 @@ ROWS = [
     Row("gspo clip 0.1, a later minibatch (rloo)",
         _spec(advantages="rloo", reduction="sequence", policy_loss="sequence", clip_range=0.1,
               clip_high=0.1), sampler="behind"),
+    # online DPO: the best and the worst of a group of 2 as a DPO pair, beta = the world's
+    Row("online dpo (best vs worst of 2, dpo beta 0.5)",
+        _spec(advantages="preference", policy_loss="dpo", dpo_beta=0.5, group_size=2), batch=2),
     # a sampler one update behind, each entry of offpolicy.OFFPOLICY
     Row("lagging sampler, uncorrected (rloo)", _spec(**_RLOO), sampler="lagging"),
     Row("lagging sampler, ratio and clip against the sampler (rloo)", _spec(**_RLOO),

@@ -5,12 +5,13 @@ few choices, each one a role with a table of interchangeable entries of one sign
 
 - ADVANTAGES    where the baseline comes from: gae (a critic, PPO), reinforce++ (returns
                 whitened over the batch), grpo / dr_grpo / rloo (the other responses of a
-                group). f(rewards (B, N), values (B, N), action_mask, spec, all_ranks)
+                group); preference (online DPO: +1 for a group's best, -1 for its worst). f(rewards (B, N), values (B, N), action_mask, spec, all_ranks)
                 -> (advantages (B, N), returns (B, N)); `rewards` are per token, the score
                 on the last action and, with the KL in the reward, the KL penalty on each.
-- POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included)
-                or sequence (GSPO's one ratio per response). f(logprobs, old_logprobs,
-                advantages, action_mask, spec, budget, tokens) -> (loss, clipfrac, approx_kl).
+- POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included),
+                sequence (GSPO's one ratio per response) or dpo (online DPO's loss on pairs,
+                online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
+                action_mask, spec, budget, tokens) -> (loss, clipfrac, approx_kl).
 - REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
 - KL_ESTIMATORS a per-token estimate of KL(pi || ref) from samples of pi, f(logprobs,
                 ref_logprobs) -> (B, N): k1 = log pi - log ref, k2 = (log pi - log ref)^2 / 2,
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
+from .online_dpo import pair_loss, preference_signs
 from .ppo import REDUCTIONS, gae, masked_mean, masked_whiten, policy_loss, reduce_tokens
 from .refinements import reinforce_pp_advantages, sequence_policy_loss
 
@@ -50,7 +52,9 @@ class LossSpec:
     entropy_coef: float = 0.0    # weight of the entropy bonus (a token mean)
     gamma: float = 1.0           # discount of gae's and reinforce++'s returns
     lam: float = 0.95            # gae's lambda
-    group_size: int = 2          # rows per group for grpo / dr_grpo / rloo
+    group_size: int = 2          # rows per group for grpo / dr_grpo / rloo / preference
+    dpo_beta: float = 0.3        # dpo: DPO's beta, the KL's strength
+    dpo_loss: str = "sigmoid"    # dpo: sigmoid (DPO) | ipo
 
 
 def default_kl_estimator(kl_in: str) -> str:
@@ -58,21 +62,37 @@ def default_kl_estimator(kl_in: str) -> str:
     return "k3" if kl_in == "loss" else "k1"
 
 
+# the algorithms that sample a group of responses per prompt (rows g*k .. g*k + k - 1)
+GROUP_ALGOS = ("grpo", "rloo", "online_dpo")
+
+
 def spec_of(cfg) -> LossSpec:
     """The LossSpec of a resolved train_ppo.Config (`ppo_trainer.resolve_auto_options`); a
     caller's config without the refinements' options gets PPO's own."""
-    advantages = {"ppo": "gae", "reinforce++": "reinforce++", "rloo": "rloo"}.get(cfg.algo)
+    advantages = {"ppo": "gae", "reinforce++": "reinforce++", "rloo": "rloo",
+                  "online_dpo": "preference"}.get(cfg.algo)
     if advantages is None:  # grpo: the paper's std normalisation, or Dr. GRPO's none
         advantages = "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
     kl_estimator = getattr(cfg, "kl_estimator", "auto")
     return LossSpec(
         advantages=advantages,
-        policy_loss="sequence" if getattr(cfg, "offpolicy", "") == "gspo" else getattr(cfg, "ratio", "token"),
+        policy_loss=policy_loss_of(cfg),
         reduction=cfg.reduction, kl_in=cfg.kl_in,
         kl_estimator=default_kl_estimator(cfg.kl_in) if kl_estimator == "auto" else kl_estimator,
         clip_range=cfg.clip_range, clip_high=getattr(cfg, "clip_range_high", 0) or cfg.clip_range,
         entropy_coef=cfg.entropy_coef, gamma=cfg.gamma, lam=cfg.lam,
-        group_size=getattr(cfg, "group_size", 2))
+        group_size=getattr(cfg, "group_size", 2), dpo_beta=getattr(cfg, "dpo_beta", 0.3),
+        dpo_loss=getattr(cfg, "dpo_loss", "sigmoid"))
+
+
+def policy_loss_of(cfg) -> str:
+    """dpo for online DPO, sequence for GSPO's ratio (--ratio sequence, or against a lagging
+    sampler with --offpolicy gspo), else token."""
+    if cfg.algo == "online_dpo":
+        return "dpo"
+    if getattr(cfg, "offpolicy", "") == "gspo":
+        return "sequence"
+    return getattr(cfg, "ratio", "token")
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -91,6 +111,7 @@ GROUP_BASELINES = {
     "grpo": lambda scores, k: group_advantages(scores, k, normalise_std=True),
     "dr_grpo": lambda scores, k: group_advantages(scores, k, normalise_std=False),
     "rloo": leave_one_out_advantages,
+    "preference": preference_signs,
 }
 
 
@@ -114,19 +135,28 @@ KL_ESTIMATORS = {
 KL_PLACEMENTS = ("reward", "loss")
 
 
-def _token_ratio(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+def _token_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
     return policy_loss(logprobs, old_logprobs, advantages, action_mask, spec.clip_range,
                        spec.reduction, budget, tokens, clip_high=spec.clip_high)
 
 
-def _sequence_ratio(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+def _sequence_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget,
+                    tokens):
     # one advantage per response: every token of a response carries the same one
     per_response = (advantages * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
     return sequence_policy_loss(logprobs, old_logprobs, per_response, action_mask,
                                 spec.clip_range, spec.clip_high)
 
 
-POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio}
+def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
+    loss = pair_loss(logprobs, ref_logprobs, advantages, action_mask, spec.dpo_beta, spec.dpo_loss)
+    with torch.no_grad():  # how far the update moved from the sampler, as PPO logs it
+        log_ratio = (logprobs - old_logprobs) * action_mask
+        approx_kl = masked_mean(torch.exp(log_ratio) - 1 - log_ratio, action_mask, tokens=tokens)
+    return loss, torch.zeros(()), approx_kl
+
+
+POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo}
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
           "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
 
@@ -171,7 +201,7 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
     # every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
     logprobs = torch.where(action_mask.bool(), logprobs, 0.0)
     pg_loss, clipfrac, approx_kl = POLICY_LOSSES[spec.policy_loss](
-        logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
+        logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens)
     entropy = masked_mean(entropy, action_mask, tokens=tokens)
     loss = pg_loss - spec.entropy_coef * entropy
     figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": approx_kl,

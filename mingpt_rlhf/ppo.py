@@ -180,12 +180,14 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return sum(len(b.scores) for b in self.batches)
 
-    def minibatches(self, size: int, generator: torch.Generator | None = None):
+    def minibatches(self, size: int, generator: torch.Generator | None = None, unit: int = 1):
         """One epoch: every item exactly once, in a fresh random order (the last minibatch is
-        smaller when `size` does not divide the number of items)."""
+        smaller when `size` does not divide the number of items). `unit` > 1 shuffles runs of
+        that many consecutive items that stay together (online DPO's pairs)."""
         if self.items is None:
             self.items = align_and_cat(self.batches, self.pad_id)
-        order = torch.randperm(len(self), generator=generator).to(self.items.scores.device)
+        order = torch.randperm(len(self) // unit, generator=generator)
+        order = (order[:, None] * unit + torch.arange(unit)).flatten().to(self.items.scores.device)
         for i in range(0, len(self), size):
             yield self.items.select(order[i:i + size]).trimmed()
 

@@ -59,6 +59,7 @@ from .losses import (GROUP_BASELINES, actor_loss, default_kl_estimator,
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
                   value_loss)
+from .online_dpo import pair_rows, row_signs
 from .offpolicy import SamplerQueue, cap_of, correct, resolved_offpolicy
 from .refinements import informative_groups, overlong_penalty
 from .sampling import GenerationOutput, generate
@@ -102,6 +103,7 @@ def resolve_auto_options(cfg):
     if cfg.reduction == "auto":
         auto["reduction"] = "sequence" if gspo else {
             "ppo": "token", "reinforce++": "token", "rloo": "budget",
+            "online_dpo": "sequence",  # (its loss is a mean over pairs; the reduction is unused)
             "grpo": "budget" if norm == "dr" else "sequence"}[algo]
     elif gspo and cfg.reduction != "sequence":
         raise ValueError(f"--ratio sequence (GSPO) has its own reduction, a mean over responses; "
@@ -465,7 +467,8 @@ class PPOTrainer:
         entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
         stopped = False
         for epoch in range(cfg.ppo_epochs):
-            for mb in self.buffer.minibatches(cfg.minibatch_size, generator):
+            unit = 2 if self.spec.policy_loss == "dpo" else 1  # online DPO's pairs stay whole
+            for mb in self.buffer.minibatches(cfg.minibatch_size, generator, unit):
                 # the policy's minibatch and the ptx batch share one forward and one backward;
                 # the critic's graph comes after that backward, so the two never coexist
                 ptx = self.ptx_batch(generator) if use_ptx else None
@@ -558,6 +561,8 @@ class PPOTrainer:
                                                   fields=fields[0] if fields else None)
             experiences.append(exp)
             roll.append(stats)
+            if self.spec.policy_loss == "dpo":  # online DPO learns from its pairs alone
+                exp = exp.select(pair_rows(row_signs(exp.advantages, exp.action_mask)))
             if dynamic:  # DAPO: only the groups that carry a signal, up to the rows wanted
                 rows = informative_groups(exp.scores, cfg.group_size)
                 groups += len(exp.scores) // cfg.group_size

@@ -54,11 +54,11 @@ import time
 import torch
 
 from .errors import UserError
-from .losses import token_weights
+from .losses import GROUP_ALGOS, token_weights
 from .metrics import restart_log
 from .ppo import last_action_index
 
-GROUPED = ("grpo", "rloo")  # advantages relative to a group of responses to the same prompt
+GROUPED = GROUP_ALGOS  # advantages relative to a group of responses to the same prompt
 
 
 def rounded(x: float):

@@ -148,6 +148,17 @@ def reference_update(row, table, behind, world):
     prob = sampler.sum(-1).exp()[batches].prod(-1)                     # (G,)
     mask = MASK[batches]                                               # (G, n, N)
     R = rewards[batches]
+    if spec.advantages == "preference":  # online DPO: one pair, the better of the two chosen
+        total = R.sum(-1)                                              # (G, 2)
+        logp = learner[batches]
+        lr = ((logp.detach() - ref[batches]) * mask).sum(-1)           # (G, 2) log pi - log ref
+        better = (total[:, 0] > total[:, 1]).double() - (total[:, 0] < total[:, 1]).double()
+        h = better * (lr[:, 0] - lr[:, 1])                             # chosen minus rejected
+        # d(-log sigmoid(beta h)) / d h = -beta sigmoid(-beta h); a tie has no pair
+        pull = spec.dpo_beta * torch.sigmoid(-spec.dpo_beta * h) * (better != 0)
+        coef = torch.stack([pull * better, -pull * better], -1)[..., None] * mask
+        (grad,) = torch.autograd.grad((prob[:, None, None] * coef * logp).sum(), theta)
+        return grad
     if spec.advantages in ("rloo", "dr_grpo", "grpo"):
         total = R.sum(-1)                                              # (G, n)
         mean = total.mean(-1, keepdim=True)

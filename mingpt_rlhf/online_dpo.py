@@ -1,0 +1,67 @@
+"""Online DPO: DPO's loss on pairs the policy writes itself, ranked by the reward.
+
+Offline DPO (dpo.py, train_dpo.py) learns from a fixed file of pairs written by other
+policies; the further the policy moves from them, the less they say about it, and it falls
+short of PPO (docs/methods.md). Online DPO (Guo et al. 2024, "Direct language model alignment
+from online AI feedback"; Calandriello et al. 2024) keeps DPO's loss and replaces the file:
+
+1. for each prompt, sample a group of `group_size` responses from the current policy (2 by
+   default), as GRPO does;
+2. score them with the reward (a reward model, the task's check, a function, an
+   environment's return) and take the best as chosen and the worst as rejected
+   (`preference_signs`: +1 and -1, 0 for the others; a group whose scores are all equal has
+   no preference and is dropped, `pair_rows`);
+3. one DPO step per minibatch of pairs against the frozen reference: h = (log pi(c) - log
+   ref(c)) - (log pi(r) - log ref(r)) over each response's tokens, loss -log sigmoid(beta h),
+   or IPO's (h - 1 / (2 beta))^2 (`pair_loss`, dpo.py's `dpo_loss`).
+
+The KL to the reference is DPO's beta, inside the loss: no KL penalty in the reward and no
+critic. Its loss needs no ratio to the sampler, so a stale sampler (--sampler_lag) changes
+which pairs it sees, not the loss: the reason Noukhovitch et al. ("Asynchronous RLHF", 2025)
+found it the most robust to staleness. In the trainer it is one entry of two tables of
+losses.py: the advantage estimator "preference" and the policy loss "dpo".
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .dpo import pair_losses
+
+
+def preference_signs(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) +1 for the best response of each group (rows g*k .. g*k + k - 1), -1 for the
+    worst, 0 for the rest (the first of equal scores wins a tie); a group of equal scores
+    gets 0 everywhere (no preference to learn)."""
+    g = scores.view(-1, group_size)                                    # (G, k)
+    best = F.one_hot(g.argmax(-1), group_size)
+    worst = F.one_hot(g.argmin(-1), group_size)
+    differ = (g.max(-1).values != g.min(-1).values)[:, None]          # (G, 1)
+    return ((best - worst) * differ).to(scores.dtype).flatten()
+
+
+def row_signs(advantages, action_mask) -> torch.Tensor:
+    """(B,) each row's sign, from advantages that carry it on every token (B, N)."""
+    return (advantages * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
+
+
+def pair_rows(signs: torch.Tensor) -> torch.Tensor:
+    """Row indices [chosen_0, rejected_0, chosen_1, rejected_1, ...] of the (B,) `signs` of
+    `preference_signs`, in group order: the rows of the update, two per pair."""
+    chosen, rejected = (signs > 0).nonzero()[:, 0], (signs < 0).nonzero()[:, 0]
+    assert len(chosen) == len(rejected), "each preference has one chosen and one rejected row"
+    return torch.stack([chosen, rejected], -1).flatten()
+
+
+def pair_loss(logprobs, ref_logprobs, advantages, action_mask, beta: float, loss: str):
+    """The mean DPO (or IPO) loss over the pairs of a minibatch: rows 2i and 2i + 1 (in
+    either order), each row's advantage its sign (+1 chosen, -1 rejected) on every token.
+    With the signs, h of a pair is sum(sign x (log pi - log ref)) over its two rows. A pair
+    with a sign 0 (a group of equal scores, never in training: `pair_rows` leaves them out)
+    counts for nothing; a minibatch without a pair gives 0. logprobs etc.: (B, N), B even."""
+    sign = row_signs(advantages, action_mask)                                      # (B,)
+    logratio = ((logprobs - ref_logprobs) * action_mask).sum(-1)                  # (B,)
+    assert len(sign) % 2 == 0, "online DPO's minibatches hold whole pairs"
+    valid = (sign.view(-1, 2) != 0).all(-1).float()                                # (P,)
+    h = (sign * logratio).view(-1, 2).sum(-1)                                      # (P,)
+    return (valid * pair_losses(h, beta, loss)).sum() / valid.sum().clamp(min=1)
