@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
-from .online_dpo import pair_loss, preference_signs
+from .distributed import tokens_per_rank
+from .online_dpo import pair_loss, preference_signs, preferred_pairs
 from .ppo import REDUCTIONS, gae, masked_mean, masked_whiten, policy_loss, reduce_tokens
 from .refinements import reinforce_pp_advantages, sequence_policy_loss
 
@@ -149,7 +150,10 @@ def _sequence_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mas
 
 
 def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
-    loss = pair_loss(logprobs, ref_logprobs, advantages, action_mask, spec.dpo_beta, spec.dpo_loss)
+    # under torchrun (`tokens` given) the mean over the whole minibatch's pairs
+    pairs = tokens_per_rank(preferred_pairs(advantages, action_mask)) if tokens is not None else None
+    loss = pair_loss(logprobs, ref_logprobs, advantages, action_mask, spec.dpo_beta, spec.dpo_loss,
+                     pairs)
     with torch.no_grad():  # how far the update moved from the sampler, as PPO logs it
         log_ratio = (logprobs - old_logprobs) * action_mask
         approx_kl = masked_mean(torch.exp(log_ratio) - 1 - log_ratio, action_mask, tokens=tokens)
@@ -174,7 +178,8 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
     advantages (the same as weighing each token's clipped surrogate: they are >= 0). For a
     group estimator the rewards kept are each response's total, on every one of its tokens."""
     rewards = placed
-    if spec.kl_in == "reward":
+    # online DPO ranks its pairs by the score alone: its KL to the reference is DPO's beta
+    if spec.kl_in == "reward" and spec.advantages != "preference":
         penalty = KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs) * action_mask
         rewards = placed - kl_coef * penalty
     grouped = spec.advantages in GROUP_BASELINES

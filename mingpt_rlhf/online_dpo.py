@@ -10,7 +10,8 @@ from online AI feedback"; Calandriello et al. 2024) keeps DPO's loss and replace
 2. score them with the reward (a reward model, the task's check, a function, an
    environment's return) and take the best as chosen and the worst as rejected
    (`preference_signs`: +1 and -1, 0 for the others; a group whose scores are all equal has
-   no preference and is dropped, `pair_rows`);
+   no preference: its pair is kept with signs 0 and counts for nothing, so that every process
+   of a torchrun holds the same number of pairs, `pair_rows`);
 3. one DPO step per minibatch of pairs against the frozen reference: h = (log pi(c) - log
    ref(c)) - (log pi(r) - log ref(r)) over each response's tokens, loss -log sigmoid(beta h),
    or IPO's (h - 1 / (2 beta))^2 (`pair_loss`, dpo.py's `dpo_loss`).
@@ -45,23 +46,35 @@ def row_signs(advantages, action_mask) -> torch.Tensor:
     return (advantages * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
 
 
-def pair_rows(signs: torch.Tensor) -> torch.Tensor:
-    """Row indices [chosen_0, rejected_0, chosen_1, rejected_1, ...] of the (B,) `signs` of
-    `preference_signs`, in group order: the rows of the update, two per pair."""
-    chosen, rejected = (signs > 0).nonzero()[:, 0], (signs < 0).nonzero()[:, 0]
-    assert len(chosen) == len(rejected), "each preference has one chosen and one rejected row"
-    return torch.stack([chosen, rejected], -1).flatten()
+def pair_rows(signs: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Row indices [chosen_0, rejected_0, chosen_1, rejected_1, ...], one pair per group of
+    the (B,) `signs` of `preference_signs`: the rows of the update. A group without a
+    preference gives its first two rows (signs 0: `pair_loss` leaves the pair out)."""
+    g = signs.view(-1, group_size)
+    base = torch.arange(len(g), device=signs.device) * group_size
+    tie = g.abs().sum(-1) == 0
+    chosen = torch.where(tie, 0, g.argmax(-1))
+    rejected = torch.where(tie, 1, g.argmin(-1))
+    return torch.stack([base + chosen, base + rejected], -1).flatten()
 
 
-def pair_loss(logprobs, ref_logprobs, advantages, action_mask, beta: float, loss: str):
+def pair_loss(logprobs, ref_logprobs, advantages, action_mask, beta: float, loss: str,
+              pairs=None):
     """The mean DPO (or IPO) loss over the pairs of a minibatch: rows 2i and 2i + 1 (in
     either order), each row's advantage its sign (+1 chosen, -1 rejected) on every token.
     With the signs, h of a pair is sum(sign x (log pi - log ref)) over its two rows. A pair
     with a sign 0 (a group of equal scores, never in training: `pair_rows` leaves them out)
-    counts for nothing; a minibatch without a pair gives 0. logprobs etc.: (B, N), B even."""
+    counts for nothing; a minibatch without a pair gives 0. logprobs etc.: (B, N), B even.
+    `pairs`: what the mean divides by instead of the count of pairs with a preference (under
+    torchrun, `distributed.tokens_per_rank` of them: the whole minibatch's mean)."""
     sign = row_signs(advantages, action_mask)                                      # (B,)
     logratio = ((logprobs - ref_logprobs) * action_mask).sum(-1)                  # (B,)
     assert len(sign) % 2 == 0, "online DPO's minibatches hold whole pairs"
     valid = (sign.view(-1, 2) != 0).all(-1).float()                                # (P,)
     h = (sign * logratio).view(-1, 2).sum(-1)                                      # (P,)
-    return (valid * pair_losses(h, beta, loss)).sum() / valid.sum().clamp(min=1)
+    return (valid * pair_losses(h, beta, loss)).sum() / (valid.sum().clamp(min=1) if pairs is None else pairs)
+
+
+def preferred_pairs(advantages, action_mask) -> torch.Tensor:
+    """(P,) 1 for each pair of rows (2i, 2i + 1) that carries a preference, else 0."""
+    return (row_signs(advantages, action_mask).view(-1, 2) != 0).all(-1).float()

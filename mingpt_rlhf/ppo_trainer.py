@@ -561,8 +561,8 @@ class PPOTrainer:
                                                   fields=fields[0] if fields else None)
             experiences.append(exp)
             roll.append(stats)
-            if self.spec.policy_loss == "dpo":  # online DPO learns from its pairs alone
-                exp = exp.select(pair_rows(row_signs(exp.advantages, exp.action_mask)))
+            if self.spec.policy_loss == "dpo":  # online DPO learns from one pair per group
+                exp = exp.select(pair_rows(row_signs(exp.advantages, exp.action_mask), cfg.group_size))
             if dynamic:  # DAPO: only the groups that carry a signal, up to the rows wanted
                 rows = informative_groups(exp.scores, cfg.group_size)
                 groups += len(exp.scores) // cfg.group_size

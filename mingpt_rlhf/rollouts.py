@@ -55,6 +55,7 @@ import torch
 
 from .errors import UserError
 from .losses import GROUP_ALGOS, token_weights
+from .online_dpo import pair_rows, row_signs
 from .metrics import restart_log
 from .ppo import last_action_index
 
@@ -169,10 +170,17 @@ class RolloutRecorder:
     def _weights(self, trainer, exp, rows) -> dict:
         """(len(rows), N) tensors: each token's weight in an update on these rows as one
         minibatch, at its first step (ratio 1), and its parts (`losses.token_weights`)."""
-        index = torch.tensor(rows, device=exp.sequences.device)
-        part = exp.select(index)
-        weights = token_weights(part.logprobs, part.logprobs, part.ref_logprobs, part.advantages,
-                                part.action_mask, trainer.spec, trainer.kl_ctl.value, trainer.budget)
+        part = exp.select(torch.tensor(rows, device=exp.sequences.device))
+        pairs = None
+        if trainer.spec.policy_loss == "dpo":  # online DPO learns from one pair per group
+            pairs = pair_rows(row_signs(part.advantages, part.action_mask), trainer.cfg.group_size)
+        learnt = part.select(pairs) if pairs is not None else part
+        weights = token_weights(learnt.logprobs, learnt.logprobs, learnt.ref_logprobs,
+                                learnt.advantages, learnt.action_mask, trainer.spec,
+                                trainer.kl_ctl.value, trainer.budget)
+        if pairs is not None:  # the other members of a group: no weight
+            return {k: torch.zeros_like(part.logprobs).index_copy(0, pairs, weights[k])
+                    for k in ("weight", "kl", "normaliser")}
         return {k: weights[k] for k in ("weight", "kl", "normaliser")}
 
     def _line(self, trainer, step, exp, row, entropy, prompt_index, member, episodes,

@@ -85,6 +85,10 @@ def launched(stages, rm_unnormalised, dpo_run, guess_sft, tmp_path_factory):
         ["run", out, "train_ppo", *options(out_dir=out / "episodes", sft_dir=guess_sft,
                                            env="guess", algo="grpo", group_size=4,
                                            max_turns=6, **{**PPO, "max_new_tokens": 3})],
+        # online DPO with a lagging sampler: one pair per group on each rank, ties included
+        ["run", out, "train_ppo", *options(out_dir=out / "online_dpo", sft_dir=root / "sft",
+                                           rm_dir=root / "rm", algo="online_dpo", group_size=4,
+                                           sampler_lag=1, **PPO)],
         ["ppo_probe", out / "probe", "train_ppo", *options(
             out_dir=out / "probe" / "ppo", sft_dir=root / "sft", rm_dir=root / "rm",
             target_kl=1e-3, **PPO)],
@@ -201,6 +205,17 @@ def test_grpo_groups_stay_whole_on_one_process(launched):
     assert ckpt["stage"] == "grpo" and len(ckpt["rng"]) == 2  # each rank's random streams
     assert ckpt["config"]["reward"].endswith("same_field.py:score")
     assert metrics(launched / "grpo", "reward")  # scored by the function, every iteration
+
+
+def test_online_dpo_trains_on_two_processes_with_a_lagging_sampler(launched):
+    """Each rank keeps one pair per group of its own share (so both take the same number of
+    minibatch steps, or the launch would hang), and the run ends with a checkpoint of both
+    ranks' streams and the lagging sampler's weights."""
+    ckpt = torch.load(launched / "online_dpo" / "ckpt.pt", weights_only=False)
+    assert ckpt["stage"] == "online_dpo" and len(ckpt["rng"]) == 2
+    assert len(ckpt["sampler_behind"]) == 1
+    steps = metrics(launched / "online_dpo", "minibatch_steps")
+    assert steps and all(n > 0 for _, n in steps)
 
 
 def test_episodes_train_on_two_processes(launched):

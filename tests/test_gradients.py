@@ -149,7 +149,7 @@ def reference_update(row, table, behind, world):
     mask = MASK[batches]                                               # (G, n, N)
     R = rewards[batches]
     if spec.advantages == "preference":  # online DPO: one pair, the better of the two chosen
-        total = R.sum(-1)                                              # (G, 2)
+        total = world.reward[batches]                                  # (G, 2) the score alone
         logp = learner[batches]
         lr = ((logp.detach() - ref[batches]) * mask).sum(-1)           # (G, 2) log pi - log ref
         better = (total[:, 0] > total[:, 1]).double() - (total[:, 0] < total[:, 1]).double()

@@ -167,8 +167,9 @@ def test_dpo_in_bf16(bf16_stages, tmp_path, monkeypatch, capsys, lora):
     ("ppo", BF16, 0, True, dict(critic="shared")),
     ("grpo", BF16, 4, False, dict(group_size=4, kl_in="loss")),
     ("rloo", "float32", 4, True, dict(group_size=4)),
+    ("online_dpo", BF16, 4, True, dict(sampler_lag=2)),
 ], ids=["ppo-separate-bf16-lora-resume", "ppo-shared-bf16-resume", "grpo-bf16-lora",
-        "rloo-fp32-lora-resume"])
+        "rloo-fp32-lora-resume", "online_dpo-bf16-lora-lag2-resume"])
 def test_rl_methods(bf16_stages, tmp_path, monkeypatch, capsys, first_minibatch_kl, algo, dtype,
                     lora, resume, extra):
     sft, rm = bf16_stages

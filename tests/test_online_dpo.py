@@ -26,7 +26,8 @@ def test_the_best_and_the_worst_of_each_group_make_the_pair():
                            1.0, -1.0, 1.0, -1.0])  # ties: the first best and the first worst
     signs = preference_signs(scores, 4)
     assert signs.tolist() == [0, 1, 0, -1, 0, 0, 0, 0, 1, -1, 0, 0]
-    assert pair_rows(signs).tolist() == [1, 3, 8, 9]
+    # one pair per group; the group without a preference gives its first two rows
+    assert pair_rows(signs, 4).tolist() == [1, 3, 4, 5, 8, 9]
 
 
 def test_the_pair_loss_is_dpos_loss_on_the_same_pairs_in_either_order():
@@ -63,7 +64,7 @@ def test_the_buffer_shuffles_pairs_but_keeps_each_whole():
     assert sorted(seen) == list(range(16)) and seen != list(range(16))
 
 
-def test_a_step_learns_from_pairs_only_and_lowers_their_loss():
+def test_a_step_learns_from_one_pair_per_group_and_lowers_their_loss():
     trainer = make_trainer(resolve_auto_options(LagCfg(algo="online_dpo", group_size=4, ppo_epochs=4,
                                                        minibatch_size=8, actor_lr=1e-2)), critic_free=True)
     learned = []
@@ -72,9 +73,12 @@ def test_a_step_learns_from_pairs_only_and_lowers_their_loss():
     exp, stats = trainer.step([grouped_prompts(8, 4)], torch.Generator().manual_seed(0))
     pairs = learned[0]
     signs = row_signs(pairs.advantages, pairs.action_mask)
-    assert len(signs) == 2 * (8 - round(stats["zero_groups"] * 8))       # one pair per group with a preference
-    assert signs.tolist() == [1.0, -1.0] * (len(signs) // 2)
-    assert (pairs.scores[0::2] > pairs.scores[1::2]).all()              # chosen scored higher
+    assert len(signs) == 16                                             # one pair per group
+    valid = signs[0::2] != 0
+    assert valid.sum() == 8 - round(stats["zero_groups"] * 8) > 0       # ties: signs 0
+    assert (signs[0::2][valid] == 1).all() and (signs[1::2][valid] == -1).all()
+    assert (signs[0::2][~valid] == 0).all() and (signs[1::2][~valid] == 0).all()
+    assert (pairs.scores[0::2][valid] > pairs.scores[1::2][valid]).all()  # chosen scored higher
     with torch.no_grad():
         after = trainer.policy_and_values(pairs.sequences, pairs.attention_mask, pairs.prompt_len,
                                           with_values=False)[0]

@@ -1,0 +1,194 @@
+"""Stale samples measured: a sampler 0 to 8 updates behind the learner, every off-policy
+correction, PPO, GRPO and online DPO, on the reviews task (reward model; gold measured) and
+on the sort task (the task's check), 3 seeds.
+
+    python bench/staleness.py                                   # the whole grid (many hours)
+    python bench/staleness.py --seeds 0 --tasks sort --algos grpo --lags 0 4 --threads 1
+    python bench/staleness.py --table                           # the table, from the JSON
+
+Every run is train_ppo.py with its defaults and `--sampler_lag N --offpolicy C` (offpolicy.py
+explains each correction). Lag 0 is run once per algorithm (in float32 the sampler is the
+learner and every correction is the same); online DPO's loss takes no ratio, so it has one
+row per lag ("none"); GSPO's sequence ratio is for GRPO only. The caps are the defaults:
+--tis_cap 0 gives decoupled no cap, tis and mask their cap of 2. Reviews: from the SFT policy
+and reward model of bench/details.py for the seed (the same --work folder, trained here if
+missing), 100 iterations (half the default, so that the grid fits; stated in the table), the
+final eval's gold, rm_score and kl on the 200 held-out prompts. Sort: from its SFT policy,
+the default 200 iterations, the final eval's gold (the share sorted right) and gold_unseen.
+Along each run: the eval curve, and the training means of mismatch_kl (the gap between
+sampler and learner), clipfrac and is_cut (the share of tokens whose weight the cap cut or
+the mask dropped).
+
+What an asynchronous sampler would save is a model, not a measurement: from the lag-0 run's
+own seconds per iteration of sampling (t_generate) and of the rest (scoring and learning),
+a sampler running beside the learner overlaps the two, so an iteration costs max(sample,
+rest) instead of their sum (any lag >= 1 allows the overlap; a longer queue only absorbs
+uneven iterations). The summary writes it down per task and algorithm, labelled as a model.
+
+Every run is written to --results (bench/results/staleness.json) as soon as it ends and is
+not run again (--rerun to redo): a killed bench continues where it stopped and the study may
+span several sittings; --results elsewhere plus --merge lets two processes share the grid.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import results_file  # noqa: E402
+import torch  # noqa: E402
+
+import train_ppo  # noqa: E402
+import train_rm  # noqa: E402
+import train_sft  # noqa: E402
+from mingpt_rlhf.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.offpolicy import OFFPOLICY  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results", "staleness.json")
+LAGS = (0, 1, 2, 4, 8)
+ALGOS = ("ppo", "grpo", "online_dpo")
+TASKS = {  # name: (train_ppo options, the final eval's figures kept)
+    "reviews_rm": (dict(task="reviews", reward="rm", max_iters=100), ("gold", "rm_score", "kl")),
+    "sort": (dict(task="sort", reward="task"), ("gold", "gold_unseen", "kl")),
+}
+TRAINED = ("mismatch_kl", "clipfrac", "is_cut", "t_generate", "t_score", "t_learn")
+
+
+def corrections(algo: str, lag: int) -> list[str]:
+    """The corrections run for `algo` at `lag` (module docstring)."""
+    if lag == 0 or algo == "online_dpo":
+        return ["none"]
+    return [c for c in OFFPOLICY if c != "gspo" or algo == "grpo"]
+
+
+def stages(seed: int, root: str, tasks: list[str]) -> None:
+    """What the runs of `seed` start from, each trained unless already finished, in the folders
+    bench/details.py uses: the reviews SFT policy and reward model, the sort task's SFT."""
+    if "reviews_rm" in tasks:
+        results_file.train_stage(train_sft.main, train_sft.Config, os.path.join(root, "sft"), seed=seed)
+        results_file.train_stage(train_rm.main, train_rm.Config, os.path.join(root, "rm"),
+                                 seed=seed, sft_dir=os.path.join(root, "sft"))
+    if "sort" in tasks:
+        results_file.train_stage(train_sft.main, train_sft.Config, os.path.join(root, "sort_sft"),
+                                 task="sort", seed=seed)
+
+
+def run(seed: int, root: str, task: str, algo: str, lag: int, correction: str) -> dict:
+    options, kept = TASKS[task]
+    sft = os.path.join(root, "sort_sft" if task == "sort" else "sft")
+    out = os.path.join(root, "staleness", f"{task}_{algo}_lag{lag}_{correction}")
+    start = time.time()
+    train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, rm_dir=os.path.join(root, "rm"),
+                                    seed=seed, algo=algo, sampler_lag=lag,
+                                    offpolicy="auto" if lag == 0 else correction, **options))
+    rows = read_metrics(os.path.join(out, "metrics.jsonl"))
+    figures = {k: rows[-1][k] for k in kept if k in rows[-1]}
+    figures["seconds"] = round(time.time() - start, 1)
+    train = [r for r in rows if "minibatch_steps" in r]
+    for k in TRAINED:
+        v = [r[k] for r in train if k in r]
+        if v:
+            figures[k] = sum(v) / len(v)
+    figures["curve"] = [{k: r[k] for k in ("step", *kept) if k in r}
+                        for r in rows if r.get("split") == "eval"]
+    return figures
+
+
+def summarise(result: dict) -> None:
+    by = {}
+    for key, r in result["runs"].items():
+        by.setdefault(key.rsplit("/", 1)[0], []).append(r)
+    result["summary"] = {}
+    for key, runs in by.items():
+        s = {"seeds": len(runs)}
+        for k in ("gold", "gold_unseen", "rm_score", "kl", "mismatch_kl", "clipfrac", "is_cut",
+                  "seconds"):
+            v = [r[k] for r in runs if k in r]
+            if v:
+                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+        result["summary"][key] = s
+    # the overlap model, from the lag-0 runs' seconds per iteration
+    model = {}
+    for key, runs in by.items():
+        task, algo, lag, _ = key.split("/")
+        if lag != "lag0":
+            continue
+        sample = sum(r["t_generate"] for r in runs) / len(runs)
+        rest = sum(r["t_score"] + r["t_learn"] for r in runs) / len(runs)
+        model[f"{task}/{algo}"] = {"sample_s": sample, "rest_s": rest,
+                                   "synchronous_s": sample + rest, "overlapped_s": max(sample, rest),
+                                   "saved": 1 - max(sample, rest) / (sample + rest)}
+    result["async_model"] = {"what": "seconds per iteration (lag-0 runs, this machine) of "
+                                     "sampling and of scoring + learning; an asynchronous "
+                                     "sampler overlaps them: a model, not a measurement",
+                             "rows": model}
+
+
+def markdown_table(result: dict) -> str:
+    lines = ["| task | algo | lag | correction | seeds | gold | KL | mismatch KL | clipfrac | "
+             "cut |", "| --- " * 10 + "|"]
+
+    def cell(s, k, digits=3):
+        if k not in s:
+            return ""
+        v = s[k]
+        return f"{v['mean']:.{digits}f} [{v['min']:.{digits}f}, {v['max']:.{digits}f}]"
+    for key, s in sorted(result["summary"].items(), key=lambda kv: (
+            kv[0].split("/")[0], kv[0].split("/")[1], int(kv[0].split("/")[2][3:]), kv[0])):
+        task, algo, lag, correction = key.split("/")
+        lines.append(f"| {task} | {algo} | {lag[3:]} | {correction} | {s['seeds']} | "
+                     f"{cell(s, 'gold')} | {cell(s, 'kl', 2)} | {cell(s, 'mismatch_kl', 4)} | "
+                     f"{cell(s, 'clipfrac')} | {cell(s, 'is_cut')} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    ap.add_argument("--lags", type=int, nargs="+", default=list(LAGS))
+    ap.add_argument("--corrections", nargs="+", default=list(OFFPOLICY), choices=list(OFFPOLICY),
+                    help="run only these (each algorithm still skips what it cannot take)")
+    ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_details"),
+                    help="where bench/details.py keeps each seed's SFT and RM")
+    ap.add_argument("--results", default=RESULTS, help="the JSON file the runs go to")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="add the runs of these JSON files (another process's) to --results")
+    ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has")
+    ap.add_argument("--table", action="store_true", help="only print the table of the JSON")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    args = ap.parse_args()
+    os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = results_file.merge(args.results, args.merge) if args.merge else results_file.load(args.results)
+    if not args.table and not args.merge:
+        for seed in args.seeds:  # seeds outermost: a partial bench covers the whole grid
+            root = os.path.join(args.work, f"seed{seed}")
+            stages(seed, root, args.tasks)
+            for task in args.tasks:
+                for algo in args.algos:
+                    for lag in args.lags:
+                        for correction in corrections(algo, lag):
+                            if correction not in args.corrections and lag:
+                                continue
+                            key = f"{task}/{algo}/lag{lag}/{correction}/{seed}"
+                            if key in result["runs"] and not args.rerun:
+                                continue
+                            result["runs"][key] = run(seed, root, task, algo, lag, correction)
+                            summarise(result)
+                            results_file.save(args.results, result)
+    summarise(result)
+    if args.merge:
+        results_file.save(args.results, result)
+    print(markdown_table(result))
+
+
+if __name__ == "__main__":
+    main()
