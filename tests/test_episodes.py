@@ -422,7 +422,7 @@ def test_the_sixth_guess_is_the_last(last):
 
 
 # ----------------------------------------------------------------------------- scripts
-@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo"])
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo", "online_dpo"])
 def test_every_algorithm_trains_on_episodes_and_resumes_exactly(guess_sft, tmp_path, algo):
     train_ppo.main(env_cfg(tmp_path / "straight", guess_sft, algo=algo))
     killed_after_first_save(train_ppo, env_cfg(tmp_path / "killed", guess_sft, algo=algo))
