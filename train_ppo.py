@@ -162,6 +162,11 @@ class Config:
     score_batch_size: int = opt(0, "rows per forward pass when scoring a rollout (actor, "
                                    "reference, critic, RM; no gradients), per process (0 = "
                                    "--minibatch_size, the whole minibatch's, not its share)")
+    learn_batch_size: int = opt(0, "rows per forward and backward pass of the update, per process: "
+                                   "each minibatch is learnt in slices of this many, their "
+                                   "gradients summed before its one step (the same update, less "
+                                   "memory for activations; must divide the minibatch's share; "
+                                   "0 = the whole minibatch at once)")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty "
                                   "(unless --penalize_missing_eos false)")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
@@ -301,15 +306,21 @@ def check_online_dpo(cfg: Config) -> None:
     if cfg.minibatch_size % 2:
         raise UserError(f"online_dpo learns from whole pairs: --minibatch_size must be even, got "
                         f"{cfg.minibatch_size}")
+    if cfg.learn_batch_size:
+        raise UserError("online_dpo's loss is a mean over the pairs of a whole minibatch: drop "
+                        "--learn_batch_size")
     if cfg.dynamic_sampling:
-        raise UserError("online_dpo already drops the groups whose scores are all equal; drop "
-                        "--dynamic_sampling")
+        raise UserError("online_dpo already leaves out the groups whose scores are all equal; "
+                        "drop --dynamic_sampling")
 
 
 def check_config(cfg: Config):
     if cfg.eval_prompts_file and not cfg.prompts:
         raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
                         "eval prompts); pass your training prompts as --prompts too")
+    if cfg.learn_batch_size < 0:
+        raise UserError(f"--learn_batch_size must be >= 0 (0 = the whole minibatch), got "
+                        f"{cfg.learn_batch_size}")
     if cfg.score_batch_size < 0:
         raise UserError(f"--score_batch_size must be >= 0 (0 = --minibatch_size), "
                         f"got {cfg.score_batch_size}")
@@ -551,6 +562,9 @@ def main(cfg: Config) -> dict:
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world, rank = world_size(), process_rank()
     local = share_of_process(cfg, world)
+    if local.learn_batch_size and local.minibatch_size % local.learn_batch_size:
+        raise UserError(f"--learn_batch_size {local.learn_batch_size} must divide each process's "
+                        f"minibatch of {local.minibatch_size} rows (--minibatch_size / processes)")
     dtype = resolve_dtype(cfg.dtype, device)
     if (cfg.tis_cap or cfg.offpolicy not in ("auto", "none")) and dtype == torch.float32 \
             and not cfg.sampler_lag:

@@ -67,6 +67,10 @@ class Optimizer:
             self.adamw.step()
         self.adamw.zero_grad(set_to_none=True)
 
+    def discard(self) -> None:
+        """Drop the gradients gathered so far without a step (an update stopped early)."""
+        self.adamw.zero_grad(set_to_none=True)
+
     def skip(self) -> None:
         """Drop the gradients gathered so far and count a step not taken (a non-finite loss)."""
         self.adamw.zero_grad(set_to_none=True)

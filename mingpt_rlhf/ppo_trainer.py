@@ -457,58 +457,22 @@ class PPOTrainer:
 
     def learn(self, generator=None) -> dict:
         """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
-        minibatches and picks the ptx batches."""
+        minibatches and picks the ptx batches. Each minibatch is one optimizer step; with
+        `cfg.learn_batch_size` its forward and backward passes run on slices of that many
+        rows, their gradients summed (`slices`)."""
         cfg = self.cfg
         t0 = time.time()
         totals, n = {}, 0
         if len(self.buffer) == 0:  # dynamic sampling kept nothing: no update this iteration
             return {"minibatch_steps": 0, "skipped_updates": self.skipped_updates, "t_learn": 0.0}
-        use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
-        entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
         stopped = False
         for epoch in range(cfg.ppo_epochs):
             unit = 2 if self.spec.policy_loss == "dpo" else 1  # online DPO's pairs stay whole
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator, unit):
-                # the policy's minibatch and the ptx batch share one forward and one backward;
-                # the critic's graph comes after that backward, so the two never coexist
-                ptx = self.ptx_batch(generator) if use_ptx else None
-                with self.amp():
-                    logprobs, entropy, values, *ptx_loss = self.policy_and_values(
-                        mb.sequences, mb.attention_mask, mb.prompt_len, entropy_mode,
-                        with_values=False, ptx=ptx)
-                # token means divide by this: under torchrun, the whole minibatch's token mean
-                tokens = tokens_per_rank(mb.action_mask)
-                # the surrogate - the entropy bonus (+ the KL, in the loss): losses.py
-                loss, figures = actor_loss(
-                    logprobs, entropy, mb.logprobs, mb.ref_logprobs, mb.advantages,
-                    mb.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens)
-                # under torchrun: the whole minibatch's approx-KL, one decision for every rank
-                approx_kl = figures["approx_kl"]
-                if cfg.target_kl > 0 and mean_over_ranks({"kl": approx_kl.item()})["kl"] > cfg.target_kl:
-                    # the policy already moved this far from the one that sampled the batch:
-                    # stop the update here, before this minibatch moves it further
+                figures = self._learn_minibatch(mb, generator)
+                if figures is None:  # the early stop on approx-KL
                     stopped = True
                     break
-                if self.value_head is not None:  # shared trunk: one loss, one optimizer
-                    vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
-                                         cfg.clip_range_value, tokens)
-                    loss = loss + cfg.vf_coef * vf_loss
-                    figures["vf_loss"] = vf_loss
-                if ptx_loss:  # InstructGPT's PPO-ptx: the LM loss on demonstrations
-                    ptx_loss = ptx_loss[0]
-                    if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
-                        ptx_loss = ptx_loss * token_share(ptx[1] >= 0)
-                    loss = loss + cfg.ptx_coef * ptx_loss
-                    figures["ptx_loss"] = ptx_loss
-                self._step(self.actor_opt, loss)
-                if self.critic is not None:
-                    with self.amp():
-                        values = self.critic_values(mb.sequences, mb.attention_mask, mb.prompt_len)
-                    vf_loss = value_loss(values.float(), mb.values, mb.returns, mb.action_mask,
-                                         cfg.clip_range_value, tokens)
-                    self._step(self.critic_opt, vf_loss)
-                    figures["vf_loss"] = vf_loss
-                figures.setdefault("ptx_loss", torch.zeros(()))
                 for k, v in figures.items():  # summed as tensors: no host sync per figure
                     totals[k] = totals.get(k, 0.0) + v.detach().float()
                 n += 1
@@ -520,16 +484,92 @@ class PPOTrainer:
                      t_learn=time.time() - t0)
         return stats
 
-    def _step(self, optimizer: Optimizer, loss) -> None:
-        """Backward `loss` and one optimizer step. A non-finite loss skips the step: better
-        than writing NaN into the weights."""
-        if all_agree(not torch.isfinite(loss)):  # one decision for every rank
-            # a runaway ratio or a degenerate batch: skip this update, and count it so the
-            # log shows it happened
+    def slices(self, mb: Experience) -> list[Experience]:
+        """The minibatch as the passes of one step: itself, or with `cfg.learn_batch_size` k
+        equal slices of that many rows (trimmed of their own padding). Each slice's loss is
+        divided by k and every token mean divides by the whole minibatch's count / k, as
+        torchrun's processes do (distributed.tokens_per_rank): the gradients summed over the
+        slices are the whole minibatch's, and only one slice's activations are alive at a
+        time. A minibatch that the size does not divide (the last of an epoch) is one pass."""
+        size = getattr(self.cfg, "learn_batch_size", 0)
+        rows = len(mb.scores)
+        if not size or size >= rows or rows % size:
+            return [mb]
+        return [mb.select(torch.arange(i, i + size, device=mb.scores.device)).trimmed()
+                for i in range(0, rows, size)]
+
+    def _learn_minibatch(self, mb: Experience, generator=None) -> dict | None:
+        """One optimizer step on a minibatch (and one of the separate critic): forward and
+        backward over its slices, then the step. Returns the step's figures, or None when the
+        minibatch's approx-KL to the sampling policy passed cfg.target_kl (no step taken)."""
+        cfg = self.cfg
+        parts = self.slices(mb)
+        k = len(parts)
+        # token means divide by this: under torchrun the whole minibatch's token mean, and
+        # over k slices the mean count of a slice
+        tokens = tokens_per_rank(mb.action_mask) / k
+        use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
+        entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
+        figures, finite = {}, True
+        for i, part in enumerate(parts):
+            # the policy's slice and the ptx batch share one forward and one backward; the
+            # ptx batch rides with the first slice only (its loss times k, as the slices' are
+            # divided by k); the critic's graph comes after that backward
+            ptx = self.ptx_batch(generator) if use_ptx and i == 0 else None
+            with self.amp():
+                logprobs, entropy, values, *ptx_loss = self.policy_and_values(
+                    part.sequences, part.attention_mask, part.prompt_len, entropy_mode,
+                    with_values=False, ptx=ptx)
+            # the surrogate - the entropy bonus (+ the KL, in the loss): losses.py
+            loss, part_figures = actor_loss(
+                logprobs, entropy, part.logprobs, part.ref_logprobs, part.advantages,
+                part.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens)
+            if self.value_head is not None:  # shared trunk: one loss, one optimizer
+                vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
+                                     cfg.clip_range_value, tokens)
+                loss = loss + cfg.vf_coef * vf_loss
+                part_figures["vf_loss"] = vf_loss
+            if ptx_loss:  # InstructGPT's PPO-ptx: the LM loss on demonstrations
+                ptx_loss = ptx_loss[0]
+                if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
+                    ptx_loss = ptx_loss * token_share(ptx[1] >= 0)
+                loss = loss + cfg.ptx_coef * k * ptx_loss
+                part_figures["ptx_loss"] = ptx_loss * k
+            finite = finite and not all_agree(not torch.isfinite(loss))
+            if finite:
+                self.actor_opt.backward(loss / k)
+            for name, v in part_figures.items():  # each slice's share of the minibatch's figure
+                figures[name] = figures.get(name, 0.0) + v.detach().float() / k
+        # under torchrun and over slices: the whole minibatch's approx-KL, one decision for
+        # every rank, taken before the step (the weights have not moved since the forward)
+        if cfg.target_kl > 0 and mean_over_ranks({"kl": figures["approx_kl"].item()})["kl"] > cfg.target_kl:
+            # the policy already moved this far from the one that sampled the batch: stop the
+            # update here, before this minibatch moves it further
+            self.actor_opt.discard()
+            return None
+        self._finish(self.actor_opt, finite)
+        if self.critic is not None:
+            finite = True
+            for part in parts:
+                with self.amp():
+                    values = self.critic_values(part.sequences, part.attention_mask, part.prompt_len)
+                vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
+                                     cfg.clip_range_value, tokens)
+                finite = finite and not all_agree(not torch.isfinite(vf_loss))
+                if finite:
+                    self.critic_opt.backward(vf_loss / k)
+                figures["vf_loss"] = figures.get("vf_loss", 0.0) + vf_loss.detach().float() / k
+            self._finish(self.critic_opt, finite)
+        figures.setdefault("ptx_loss", torch.zeros(()))
+        return figures
+
+    def _finish(self, optimizer: Optimizer, finite: bool) -> None:
+        """The step after the slices' backward passes; a non-finite loss in any of them skips
+        it (better than writing NaN into the weights), and counts it so the log shows it."""
+        if finite:
+            optimizer.step()
+        else:
             optimizer.skip()
-            return
-        optimizer.backward(loss)
-        optimizer.step()
 
     @property
     def skipped_updates(self) -> int:

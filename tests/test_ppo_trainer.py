@@ -1,5 +1,6 @@
 """PPO iteration properties on tiny random models (ppo_trainer.py)."""
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
@@ -277,9 +278,12 @@ def test_buffer_is_empty_after_each_update_and_nan_updates_are_skipped():
     g = torch.Generator().manual_seed(0)
     tr.step([(ids, mask), (ids, mask)], g)
     assert len(tr.buffer) == 0 and tr.buffer.items is None  # nothing carried over: no growth
+    # a batch whose advantages are NaN: every minibatch's loss is NaN and its step skipped
+    exp, _ = tr.make_experience(ids, mask, g)
+    tr.buffer.add(dataclasses.replace(exp, advantages=torch.full_like(exp.advantages, float("nan"))))
     before = [p.clone() for p in tr.actor.parameters()]
-    tr._step(tr.actor_opt, torch.tensor(float("nan"), requires_grad=True))
-    assert tr.skipped_updates == 1
+    stats = tr.learn(torch.Generator().manual_seed(1))
+    assert tr.skipped_updates == stats["minibatch_steps"] == 4 * 2  # 4 epochs x 2 minibatches
     assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))
 
 

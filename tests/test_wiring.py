@@ -119,23 +119,27 @@ def learn_one_minibatch(tr, exp, temperature):
 
 
 def capture_first_step(tr):
-    """Record the loss and gradient that `learn` hands to its first actor step (and first
-    critic step), and the ptx batch it draws; the steps themselves still run."""
+    """Record the loss and gradient that `learn` hands to its first actor backward pass (and
+    first critic one: the whole minibatch's, in one pass without --learn_batch_size), and the
+    ptx batch it draws; the passes and steps themselves still run."""
     seen = {}
-    real_step, real_ptx = tr._step, tr.ptx_batch
+    real_ptx = tr.ptx_batch
+    for name, optimizer in (("actor", tr.actor_opt), ("critic", tr.critic_opt)):
+        if optimizer is None:
+            continue
 
-    def step(optimizer, loss):
-        name = "actor" if optimizer is tr.actor_opt else "critic"
-        if name not in seen:
-            params = optimizer.params
-            seen[name] = (loss.detach(), torch.autograd.grad(loss, params, retain_graph=True))
-        real_step(optimizer, loss)
+        def backward(loss, name=name, optimizer=optimizer, real=optimizer.backward):
+            if name not in seen:
+                seen[name] = (loss.detach(), torch.autograd.grad(loss, optimizer.params,
+                                                                 retain_graph=True))
+            real(loss)
+        optimizer.backward = backward
 
     def ptx_batch(generator=None):
         batch = real_ptx(generator)
         seen.setdefault("ptx", batch)
         return batch
-    tr._step, tr.ptx_batch = step, ptx_batch
+    tr.ptx_batch = ptx_batch
     return seen
 
 
