@@ -321,6 +321,15 @@ def ours_generate(threads: int, shape: str) -> dict:
             "peak_rss_mb": round(peak_rss_mb(), 1), "threads": torch.get_num_threads()}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), for the record of each part."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
 # ----------------------------------------------------------------------------- floors
 def machine_rates(threads: int) -> dict:
     """This machine's float32 GEMM rate at GPT-2's linear shapes (GFLOP/s, for M = the tokens
@@ -435,7 +444,8 @@ def main():
     for shape in dict.fromkeys(PARTS[p][0][1] for p in args.part if p.startswith("grpo")):
         grpo_fixture(shape)  # likewise
     rates = last_json(me + ["rates"])
-    print("machine:", json.dumps(rates), flush=True)
+    print("machine:", cpu_model(), json.dumps(rates), flush=True)
+    import torch
     for part in args.part:
         ours_args, peer_args = PARTS[part]
         rounds = []
@@ -469,11 +479,11 @@ def main():
             for side in ("ours", "peer"):
                 summary[f"{side}_phases_s"] = {k: statistics.median(x[side][k] for x in rounds)
                                                for k in ("t_generate", "t_score", "t_learn")}
-        results[part] = {"summary": summary, "rounds": rounds}
+        machine = {**rates, "threads": args.threads, "torch": torch.__version__,
+                   "cpu": os.cpu_count(), "cpu_model": cpu_model(), "date": time.strftime("%Y-%m-%d")}
+        # each part keeps the machine and day that measured it (parts are re-run separately)
+        results[part] = {"summary": summary, "rounds": rounds, "machine": machine}
         print(part, json.dumps(summary), flush=True)
-    import torch
-    results["machine"] = {**rates, "threads": args.threads, "torch": torch.__version__,
-                          "cpu": os.cpu_count()}
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump(results, f, indent=1)
