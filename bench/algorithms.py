@@ -1,4 +1,4 @@
-"""PPO, GRPO, Dr. GRPO, RLOO, DPO and best-of-n on the built-in task, judged by the gold reward.
+"""PPO, GRPO, Dr. GRPO, RLOO, DPO, online DPO and best-of-n on the built-in task, judged by the gold reward.
 
     python bench/algorithms.py                     # 3 seeds, ~1 h on 2 CPU cores
     python bench/algorithms.py --seeds 1 --methods grpo rloo
@@ -43,6 +43,8 @@ METHODS = {  # name: (script, options beyond the defaults)
     "grpo": (train_ppo, {"algo": "grpo"}),  # defaults: Dr. GRPO's normalisation, KL in the reward
     "rloo": (train_ppo, {"algo": "rloo"}),
     "dpo": (train_dpo, {}),
+    # DPO's loss on pairs the policy samples itself, ranked by the reward model
+    "online_dpo": (train_ppo, {"algo": "online_dpo"}),
     # GRPO as published, and the two halves of the difference. The std with the KL in the
     # reward ("grpo_std_kl_reward" in results/algorithms.json, committed on 2026-11-23) is no
     # longer run: train_ppo.py refuses the pairing (a tied group's KL noise would be scaled
