@@ -45,6 +45,7 @@ METHODS = {  # name: (script, options beyond the defaults)
     "dpo": (train_dpo, {}),
     # DPO's loss on pairs the policy samples itself, ranked by the reward model
     "online_dpo": (train_ppo, {"algo": "online_dpo"}),
+    "online_dpo_beta1": (train_ppo, {"algo": "online_dpo", "dpo_beta": 1.0}),  # a stronger KL
     # GRPO as published, and the two halves of the difference. The std with the KL in the
     # reward ("grpo_std_kl_reward" in results/algorithms.json, committed on 2026-11-23) is no
     # longer run: train_ppo.py refuses the pairing (a tied group's KL noise would be scaled

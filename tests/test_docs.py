@@ -400,9 +400,12 @@ def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_js
             "best-of-1 (the SFT policy)": "best_of_1",
             "GRPO, the paper's std normalisation": "grpo_std_kl_reward",
             "GRPO, the paper's KL in the loss": "dr_grpo_kl_loss",
-            "GRPO as published (both)": "grpo_std_kl_loss"}
+            "GRPO as published (both)": "grpo_std_kl_loss",
+            "online DPO (`--algo online_dpo`": "online_dpo",
+            "online DPO, `--dpo_beta 1`": "online_dpo_beta1"}
     readme_rows = {"ppo": "| [PPO]", "grpo": "| [GRPO]", "rloo": "| [RLOO]", "dpo": "| [DPO]",
-                   "best_of_16": "| [best-of-16]", "best_of_1": "| [the SFT policy]"}
+                   "best_of_16": "| [best-of-16]", "best_of_1": "| [the SFT policy]",
+                   "online_dpo": "| [online DPO]"}
 
     def cells_of(path, width):
         with open(path, encoding="utf-8") as f:
