@@ -93,18 +93,8 @@ def run(seed: int, root: str, task: str, config: str, algo: str, max_iters: int)
 
 
 def summarise(result: dict) -> None:
-    by = {}
-    for key, r in result["runs"].items():
-        task, algo, config, _ = key.split("/")
-        by.setdefault(f"{task}/{algo}/{config}", []).append(r)
-    result["summary"] = {}
-    for key, runs in by.items():
-        s = {"seeds": len(runs)}
-        for k in ("gold", "rm_score", "reward", "success", "turns", "kl", "seconds"):
-            v = [r[k] for r in runs if k in r]
-            if v:
-                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
-        result["summary"][key] = s
+    result["summary"] = results_file.over_seeds(
+        result["runs"], ("gold", "rm_score", "reward", "success", "turns", "kl", "seconds"))
 
 
 def markdown_table(result: dict) -> str:

@@ -23,6 +23,23 @@ def save(path: str, result: dict) -> None:
     os.replace(tmp, path)
 
 
+def over_seeds(runs: dict, figures) -> dict:
+    """{row: {"seeds": n, figure: {"mean", "min", "max"}}} of `runs` keyed "row/.../seed": each
+    row's figures over its seeds (a figure no run of the row has is left out)."""
+    by = {}
+    for key, r in runs.items():
+        by.setdefault(key.rsplit("/", 1)[0], []).append(r)
+    summary = {}
+    for row, rs in by.items():
+        s = {"seeds": len(rs)}
+        for k in figures:
+            v = [r[k] for r in rs if k in r]
+            if v:
+                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+        summary[row] = s
+    return summary
+
+
 def merge(path: str, others: list[str]) -> dict:
     """The results in `path` with the runs of the files `others` added (seeds that another
     process ran at the same time into its own file); the caller saves it."""

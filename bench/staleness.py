@@ -100,18 +100,12 @@ def run(seed: int, root: str, task: str, algo: str, lag: int, correction: str) -
 
 
 def summarise(result: dict) -> None:
+    result["summary"] = results_file.over_seeds(
+        result["runs"], ("gold", "gold_unseen", "rm_score", "kl", "mismatch_kl", "clipfrac",
+                         "is_cut", "seconds"))
     by = {}
     for key, r in result["runs"].items():
         by.setdefault(key.rsplit("/", 1)[0], []).append(r)
-    result["summary"] = {}
-    for key, runs in by.items():
-        s = {"seeds": len(runs)}
-        for k in ("gold", "gold_unseen", "rm_score", "kl", "mismatch_kl", "clipfrac", "is_cut",
-                  "seconds"):
-            v = [r[k] for r in runs if k in r]
-            if v:
-                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
-        result["summary"][key] = s
     # the overlap model, from the lag-0 runs' seconds per iteration
     model = {}
     for key, runs in by.items():
