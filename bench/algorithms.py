@@ -46,6 +46,14 @@ METHODS = {  # name: (script, options beyond the defaults)
     # DPO's loss on pairs the policy samples itself, ranked by the reward model
     "online_dpo": (train_ppo, {"algo": "online_dpo"}),
     "online_dpo_beta1": (train_ppo, {"algo": "online_dpo", "dpo_beta": 1.0}),  # a stronger KL
+    # the best and the worst of 4 samples: pairs further apart in reward
+    "online_dpo_beta1_g4": (train_ppo, {"algo": "online_dpo", "dpo_beta": 1.0, "group_size": 4}),
+    # a KL near PPO's: beta 2, pairs of 2 and the best and worst of 4
+    "online_dpo_beta2": (train_ppo, {"algo": "online_dpo", "dpo_beta": 2.0}),
+    "online_dpo_beta2_g4": (train_ppo, {"algo": "online_dpo", "dpo_beta": 2.0, "group_size": 4}),
+    # one pass over each batch's pairs instead of --ppo_epochs 4
+    "online_dpo_e1": (train_ppo, {"algo": "online_dpo", "ppo_epochs": 1}),
+    "online_dpo_beta1_e1": (train_ppo, {"algo": "online_dpo", "dpo_beta": 1.0, "ppo_epochs": 1}),
     # GRPO as published, and the two halves of the difference. The std with the KL in the
     # reward ("grpo_std_kl_reward" in results/algorithms.json, committed on 2026-11-23) is no
     # longer run: train_ppo.py refuses the pairing (a tied group's KL noise would be scaled

@@ -54,6 +54,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import details  # noqa: E402
 import overoptimization as overopt  # noqa: E402
 import results_file  # noqa: E402
+from warning_score import (DROP, SMOOTH, calibrate, calibration_table, gold_peak,  # noqa: E402,F401
+                           signal_table, warning_score, warning_summary)
 import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
@@ -73,7 +75,6 @@ MEMBERS = 4                                         # train_rm.py --ensemble
 LENGTH_BIAS = 0.5                                   # train_rm.py --length_bias
 HELDOUT_SEED = 1000                                 # the held-out RM's --data_seed: seed + this
 N_MAX = overopt.N_MAX                               # best-of-n samples per prompt (256)
-SMOOTH, DROP = 5, 0.1                               # the gold's moving mean; an overoptimizing drop
 FULL = dict(sft={}, rm={}, ppo=dict(algo="ppo", critic="shared"), n=N_MAX, prompts=None,
             members=MEMBERS)
 SMOKE = dict(sft=dict(n_layer=1, n_head=2, n_embd=32, block_size=48, batch_size=16, max_iters=20,
@@ -282,43 +283,6 @@ def length(seed, root, result, path, size, coefs) -> None:
                 reward=f"{os.path.abspath(__file__)}:length_reward")
 
 
-# ----------------------------------------------------------------------------- the warning
-def gold_peak(iterations: dict) -> tuple[int, float, float]:
-    """(step of the peak, peak, last) of the gold's trailing moving mean over SMOOTH iterations."""
-    steps, gold = iterations["step"], iterations["gold"]
-    smooth = [sum(gold[max(0, i - SMOOTH + 1):i + 1]) / len(gold[max(0, i - SMOOTH + 1):i + 1])
-              for i in range(len(gold))]
-    best = max(range(len(smooth)), key=smooth.__getitem__)
-    return steps[best], smooth[best], smooth[-1]
-
-
-def warning_score(run: dict) -> dict:
-    """Whether the run overoptimized (its gold ended more than DROP below its peak), where the
-    warning first fired, and how many iterations before the peak (negative: after)."""
-    it = run["iterations"]
-    peak_step, peak, last = gold_peak(it)
-    fired = next((s for s, w in zip(it["step"], it["hacking_warning"]) if w), None)
-    return {"overoptimized": peak - last > DROP, "peak_step": peak_step, "drop": peak - last,
-            "warned_at": fired, "lead": None if fired is None else peak_step - fired}
-
-
-def warning_summary(result: dict) -> dict:
-    """Over every PPO run: of the runs that overoptimized, the share warned before the peak and
-    the lead times; of the others, the share warned at all (false alarms); and the precision,
-    the share of warned runs that overoptimized."""
-    scores = [warning_score(r) for k, r in result["runs"].items()
-              if k.split("/")[0] in ("ppo", "length") and "iterations" in r]
-    over = [s for s in scores if s["overoptimized"]]
-    calm = [s for s in scores if not s["overoptimized"]]
-    in_time = [s for s in over if s["lead"] is not None and s["lead"] >= 0]
-    warned = [s for s in scores if s["warned_at"] is not None]
-    return {"runs": len(scores), "overoptimized": len(over),
-            "warned_before_peak": len(in_time) / len(over) if over else None,
-            "leads": sorted(s["lead"] for s in in_time),
-            "false_alarms": sum(s["warned_at"] is not None for s in calm) / len(calm) if calm else None,
-            "precision": sum(s["overoptimized"] for s in warned) / len(warned) if warned else None}
-
-
 # ----------------------------------------------------------------------------- tables
 def best_table(result: dict) -> str:
     """Best gold gain (mean over seeds of each seed's best point past the start) and its seed
@@ -428,6 +392,10 @@ def main(argv=None):
             if "length" in args.parts:
                 length(seed, root, result, path, size, args.kl_coefs)
     result["warning"] = warning_summary(result)
+    seeds = sorted({int(k.rsplit("/", 1)[1]) for k in result["runs"] if k.startswith("ppo/")})
+    if len(seeds) > 1:  # thresholds fitted on all seeds but the last, scored on the last
+        result["warning_calibration"] = {"fit_seeds": seeds[:-1], "test_seeds": seeds[-1:],
+                                         "signals": calibrate(result, set(seeds[:-1]), {seeds[-1]})}
     results_file.save(path, result)
     if not args.smoke:
         try:
@@ -439,6 +407,11 @@ def main(argv=None):
     print(length_table(result))
     print()
     print("warning:", result["warning"])
+    print()
+    print(signal_table(result))
+    if "warning_calibration" in result:
+        print()
+        print(calibration_table(result["warning_calibration"]["signals"]))
     return result
 
 
