@@ -23,9 +23,9 @@ from mingpt_rlhf import hacking  # noqa: E402
 SMOOTH, DROP = 5, 0.1  # the gold's moving mean; an overoptimizing drop
 WINDOW = 5             # train_ppo.py's --warning_window in the study's runs
 # a signal's direction: +1 fires above its threshold, -1 below, 0 when |value| passes it
-DIRECTION = {**{k: d for k, (_, d) in hacking.THRESHOLDS.items()}, "kl_level": +1}
+DIRECTION = {**{k: d for k, (_, d) in hacking.THRESHOLDS.items()}, "kl_level": +1, "kl_jump": +1}
 SOURCE = {"disagreement": "ens_std", "heldout_gap": "heldout_gap", "kl_accel": "kl",
-          "length_drift": "resp_len", "entropy_trend": "entropy", "kl_level": "kl"}
+          "length_drift": "resp_len", "entropy_trend": "entropy", "kl_level": "kl", "kl_jump": "kl"}
 
 
 def smoothed(values: list[float]) -> list[float]:
@@ -80,15 +80,19 @@ def warning_summary(result: dict) -> dict:
 
 
 def series(run: dict, window: int = WINDOW) -> dict:
-    """Each signal of mingpt_rlhf/hacking.py recomputed at every iteration of a stored run, plus
-    kl_level (the last window's mean KL: a KL budget), and "rule", whether the library's rule is on."""
+    """Each signal of mingpt_rlhf/hacking.py recomputed at every iteration of a stored run, two
+    more candidates, kl_level (the last window's mean KL: a KL budget) and kl_jump (the last
+    window's mean KL over the window before it, minus 1), and "rule", whether the library's
+    rule is on."""
     it = run["iterations"]
     rows = [dict(zip(it, values)) for values in zip(*it.values())]
     out = {name: [] for name in [*DIRECTION, "rule"]}
     for t in range(1, len(rows) + 1):
         values = hacking.signals(rows[:t], window)
-        values["kl_level"] = (sum(r["kl"] for r in rows[max(0, t - window):t]) / min(t, window)
-                              if t >= 3 * window else None)
+        kl = [r["kl"] for r in rows[max(0, t - 2 * window):t]]
+        values["kl_level"] = sum(kl[-window:]) / window if t >= 3 * window else None
+        values["kl_jump"] = (sum(kl[-window:]) / max(sum(kl[:window]), 1e-9) - 1
+                             if t >= 3 * window else None)
         for name in DIRECTION:
             out[name].append(values[name])
         out["rule"].append(hacking.warns(values))

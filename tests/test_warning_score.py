@@ -36,7 +36,9 @@ def test_the_replay_is_the_trainers_warning_iteration_by_iteration():
         s = ws().series(run)
         assert s["rule"] == run["iterations"]["hacking_warning"]
         assert any(s["rule"]) or not any(run["iterations"]["hacking_warning"])
-        assert s["kl_level"][:14] == [None] * 14 and s["kl_level"][14] == pytest.approx(sum(run["iterations"]["kl"][10:15]) / 5)
+        kl = run["iterations"]["kl"]
+        assert s["kl_level"][:14] == [None] * 14 and s["kl_level"][14] == pytest.approx(sum(kl[10:15]) / 5)
+        assert s["kl_jump"][30] == pytest.approx(sum(kl[26:31]) / sum(kl[21:26]) - 1)
 
 
 def test_the_damage_starts_where_the_moving_mean_is_drop_below_its_peak():
