@@ -285,21 +285,26 @@ def length(seed, root, result, path, size, coefs) -> None:
 
 # ----------------------------------------------------------------------------- tables
 def best_table(result: dict) -> str:
-    """Best gold gain (mean over seeds of each seed's best point past the start) and its seed
-    range, by part, noise and reward; with the proxy's gain at the same point."""
+    """Per part, noise and reward: the best gold gain (mean over seeds of each seed's best point
+    past the start) and its seed range, the proxy's gain there, the gold at the last point (n =
+    N_MAX; PPO's last eval) and its range, the fall from best to last, and the scoring seconds
+    per iteration (PPO)."""
     names = sorted({k.rsplit("/", 1)[0] for k in result["runs"] if k.startswith(("bon/", "ppo/", "length/"))})
-    lines = ["| run | seeds | best gold gain (mean) | seeds' range | proxy gain there | t_score s |",
-             "| --- " * 6 + "|"]
+    lines = ["| run | seeds | best gold gain (mean) | seeds' range | proxy gain there | last gold "
+             "| its range | fall from best | t_score s |", "| --- " * 9 + "|"]
     for name in names:
-        runs = overopt.runs_of(result, name)
-        best = [max(r["curve"][1:], key=lambda p: p["gold"]) for r in runs if len(r["curve"]) > 1]
-        if not best:
+        runs = [r for r in overopt.runs_of(result, name) if len(r["curve"]) > 1]
+        if not runs:
             continue
+        best = [max(r["curve"][1:], key=lambda p: p["gold"]) for r in runs]
         gold = [p["gold"] for p in best]
+        last = [r["curve"][-1]["gold"] for r in runs]
         cost = [r["t_score"] for r in runs if "t_score" in r]
-        lines.append(f"| {name} | {len(runs)} | {sum(gold) / len(gold):.3f} | {min(gold):.2f} to "
-                     f"{max(gold):.2f} | {sum(p['proxy'] for p in best) / len(best):.3f} | "
-                     + (f"{sum(cost) / len(cost):.2f} |" if cost else "- |"))
+        mean = lambda v: sum(v) / len(v)  # noqa: E731
+        lines.append(f"| {name} | {len(runs)} | {mean(gold):.3f} | {min(gold):.2f} to {max(gold):.2f} | "
+                     f"{mean([p['proxy'] for p in best]):.3f} | {mean(last):.3f} | {min(last):.2f} to "
+                     f"{max(last):.2f} | {mean(gold) - mean(last):.3f} | "
+                     + (f"{mean(cost):.2f} |" if cost else "- |"))
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from mingpt_rlhf import hacking  # noqa: E402
 SMOOTH, DROP = 5, 0.1  # the gold's moving mean; an overoptimizing drop
 WINDOW = 5             # train_ppo.py's --warning_window in the study's runs
 # a signal's direction: +1 fires above its threshold, -1 below, 0 when |value| passes it
-DIRECTION = {**{k: d for k, (_, d) in hacking.THRESHOLDS.items()}, "kl_level": +1, "kl_jump": +1}
+DIRECTION = {**{k: d for k, (_, d) in hacking.THRESHOLDS.items()}, "kl_jump": +1}
 SOURCE = {"disagreement": "ens_std", "heldout_gap": "heldout_gap", "kl_accel": "kl",
           "length_drift": "resp_len", "entropy_trend": "entropy", "kl_level": "kl", "kl_jump": "kl"}
 
@@ -80,17 +80,15 @@ def warning_summary(result: dict) -> dict:
 
 
 def series(run: dict, window: int = WINDOW) -> dict:
-    """Each signal of mingpt_rlhf/hacking.py recomputed at every iteration of a stored run, two
-    more candidates, kl_level (the last window's mean KL: a KL budget) and kl_jump (the last
-    window's mean KL over the window before it, minus 1), and "rule", whether the library's
-    rule is on."""
+    """Each signal of mingpt_rlhf/hacking.py recomputed at every iteration of a stored run, one
+    more candidate, kl_jump (the last window's mean KL over the window before it, minus 1), and
+    "rule", whether the library's rule is on."""
     it = run["iterations"]
     rows = [dict(zip(it, values)) for values in zip(*it.values())]
     out = {name: [] for name in [*DIRECTION, "rule"]}
     for t in range(1, len(rows) + 1):
         values = hacking.signals(rows[:t], window)
         kl = [r["kl"] for r in rows[max(0, t - 2 * window):t]]
-        values["kl_level"] = sum(kl[-window:]) / window if t >= 3 * window else None
         values["kl_jump"] = (sum(kl[-window:]) / max(sum(kl[:window]), 1e-9) - 1
                              if t >= 3 * window else None)
         for name in DIRECTION:
@@ -123,9 +121,10 @@ def judge(cases: list[tuple[dict, int | None]]) -> dict:
     before_peak = [s["peak_step"] - at for s, at in over if at is not None and at <= s["peak_step"]]
     before_damage = [s for s, at in over if at is not None and s["damage_step"] is not None
                      and at < s["damage_step"]]
+    caught = [s for s, at in over if at is not None]
     leads = sorted(before_peak)
     return {"overoptimized": len(over), "calm": len(calm),
-            "before_peak": len(before_peak), "before_damage": len(before_damage),
+            "before_peak": len(before_peak), "before_damage": len(before_damage), "caught": len(caught),
             "median_lead": leads[len(leads) // 2] if leads else None,
             "false_alarms": sum(at is not None for at in calm)}
 
@@ -147,10 +146,11 @@ def signal_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def calibrate(result: dict, fit_seeds: set[int], test_seeds: set[int]) -> dict:
+def calibrate(result: dict, fit_seeds: set[int], test_seeds: set[int], goal: str = "before_damage") -> dict:
     """Per signal: the threshold that best separates, on the runs of fit_seeds, the runs that
-    overoptimize (warned before the damage) from those that do not (false alarms), chosen
-    among the values the signal took there; then its figures on fit_seeds and on test_seeds."""
+    overoptimize (warned before the damage, or with goal "caught" at any time) from those that
+    do not (false alarms), chosen among the values the signal took there; then its figures on
+    fit_seeds and on test_seeds."""
     runs = [(int(k.rsplit("/", 1)[1]), r, warning_score(r), series(r)) for k, r in scored_runs(result)]
     out = {}
     for name in DIRECTION:
@@ -163,7 +163,7 @@ def calibrate(result: dict, fit_seeds: set[int], test_seeds: set[int]) -> dict:
 
         def merit(th):
             j = judge([(score, first_fire(s, name, th)) for score, s in fit])
-            hit = j["before_damage"] / max(j["overoptimized"], 1)
+            hit = j[goal] / max(j["overoptimized"], 1)
             alarm = j["false_alarms"] / max(j["calm"], 1)
             return hit - alarm, abs(th)
 
@@ -172,6 +172,28 @@ def calibrate(result: dict, fit_seeds: set[int], test_seeds: set[int]) -> dict:
                      "fit": judge([(score, first_fire(s, name, best)) for score, s in fit]),
                      "test": judge([(score, first_fire(s, name, best)) for score, s in test])}
     return out
+
+
+def first_fire_rule(s: dict, thresholds: dict, min_fired: int) -> int | None:
+    """The first step where at least `min_fired` of the signals in `thresholds` ({name:
+    threshold}) pass theirs: the library's rule with other thresholds."""
+    for i, step in enumerate(s["step"]):
+        n = 0
+        for name, th in thresholds.items():
+            v, d = s[name][i], DIRECTION[name]
+            n += v is not None and ((d > 0 and v > th) or (d < 0 and v < th) or (d == 0 and abs(v) > th))
+        if n >= min_fired:
+            return step
+    return None
+
+
+def rule_figures(result: dict, thresholds: dict, min_fired: int, seeds: set[int]) -> dict:
+    """The figures (`judge`) of the rule "at least min_fired of these signals past these
+    thresholds" on the runs of `seeds` (every signal of `thresholds` must be logged there)."""
+    cases = [(warning_score(r), first_fire_rule(series(r), thresholds, min_fired))
+             for k, r in scored_runs(result) if int(k.rsplit("/", 1)[1]) in seeds
+             and all(has(r, name) for name in thresholds)]
+    return judge(cases)
 
 
 def calibration_table(calibrated: dict) -> str:

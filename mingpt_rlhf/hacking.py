@@ -1,4 +1,4 @@
-"""An early warning of reward hacking, from signals a run has without any gold reward.
+"""Signs of reward hacking, from figures a run has without any gold reward, and an alarm.
 
 Against a learned reward the true reward rises, then falls (docs/overoptimization.md); a user
 has no gold to see the turn. What they have, every iteration (metrics.jsonl's training lines):
@@ -11,6 +11,7 @@ has no gold to see the turn. What they have, every iteration (metrics.jsonl's tr
                                           the first window's
     kl_accel         kl                   the KL's acceleration: with A, B, C the means of the
                                           last three windows (oldest first), (C - B) - (B - A)
+    kl_level         kl                   the last window's mean KL (nats per response)
     length_drift     resp_len             the last window's mean length over the first's, minus 1
     entropy_trend    entropy              the least-squares slope of the entropy over the last
                                           2 W iterations, over the first window's mean entropy
@@ -20,13 +21,14 @@ The first two need an ensemble as the reward (`train_ppo.py --rm_dir` of train_r
 --ensemble K) and a held-out reward model (`--heldout_rm_dir`); the others are always there.
 A signal is None until the history holds three windows.
 
-The rule (`fired`, `warns`): a signal fires past its threshold in `THRESHOLDS` (length in either
-direction, entropy falling, the rest rising), and the warning is on at an iteration where at
-least `MIN_FIRED` signals fire. The thresholds are PROVISIONAL: chosen by reasoning about the
-scales (rewards normalised to std 1 on the SFT policy's samples, KL in nats per response),
-not fitted; bench/reward_hacking.py scores the rule against the iteration where the gold
-actually peaked (how often it fires before the peak, how early, how often in runs that never
-overoptimize), and the thresholds will change with what it measures.
+What they are worth was measured against the gold on bench/reward_hacking.py's PPO runs
+(docs/reward_hacking.md): none of them warns *before* the gold's peak without firing as often
+in runs that never overoptimize, because on the built-in task the gold collapses within a few
+iterations of its peak and the other signals move as much in healthy runs. So the rule
+(`warns`) is an alarm, not a forecast: it fires when the policy has run away from the
+reference, the KL's level past ALARM_KL nats per response, fitted on two seeds' runs of the
+study. Every signal is still logged, and `fired` names those past their THRESHOLDS (scales
+chosen by reasoning, not fitted) in the alarm's message.
 
     from mingpt_rlhf.hacking import HackingMonitor
     monitor = HackingMonitor(window=5)
@@ -40,15 +42,16 @@ import torch
 
 from .rewards import ModelReward
 
+ALARM_KL = 20.0  # nats per response: the study's fit on seeds 0 and 1 was 20.6
 # signal -> (threshold, direction): +1 fires above it, -1 below it, 0 when |value| passes it
 THRESHOLDS = {
     "disagreement": (0.5, +1),     # the members' spread up by half
     "heldout_gap": (0.5, +1),      # half a standard deviation of the SFT samples' scores
     "kl_accel": (0.5, +1),         # nats: e.g. from +0.1 to +0.2 nats per iteration, W = 5
+    "kl_level": (ALARM_KL, +1),    # the alarm
     "length_drift": (0.25, 0),     # a quarter longer, or shorter
     "entropy_trend": (-0.01, -1),  # losing 1 % of the starting entropy per iteration
 }
-MIN_FIRED = 2  # one signal alone is too often a run's own noise
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
@@ -75,6 +78,7 @@ def signals(history: list[dict], window: int) -> dict:
     first, a, b, c = history[:W], history[-3 * W:-2 * W], history[-2 * W:-W], history[-W:]
     if None not in (kl := [_mean(rows, "kl") for rows in (a, b, c)]):
         out["kl_accel"] = (kl[2] - kl[1]) - (kl[1] - kl[0])
+        out["kl_level"] = kl[2]
     length0, length = _mean(first, "resp_len"), _mean(c, "resp_len")
     if length0 and length is not None:
         out["length_drift"] = length / length0 - 1
@@ -105,8 +109,8 @@ def fired(values: dict) -> list[str]:
 
 
 def warns(values: dict) -> bool:
-    """The rule: at least MIN_FIRED signals past their thresholds."""
-    return len(fired(values)) >= MIN_FIRED
+    """The rule: the KL's level past ALARM_KL (the module docstring says why only that)."""
+    return "kl_level" in fired(values)
 
 
 def first_warning(history: list[dict], window: int) -> int | None:
@@ -139,10 +143,11 @@ class HackingMonitor:
         if on and not self.warned:
             self.warned = True
             shown = ", ".join(f"{k} {values[k]:+.3f}" for k in fired(values))
-            message = (f"warning: signs of reward hacking at iteration {step}: {shown} (the rule "
-                       f"and its provisional thresholds: mingpt_rlhf/hacking.py). Look at the "
-                       f"samples in report.html; if they game the reward model, keep an earlier "
-                       f"checkpoint, raise --kl_coef, or use an ensemble (docs/reward_hacking.md)")
+            message = (f"warning: signs of reward hacking at iteration {step}: the policy has run "
+                       f"away from the reference (KL {values['kl_level']:.1f} nats per response, "
+                       f"alarm at {ALARM_KL:g}; past their thresholds: {shown}). Look at the "
+                       f"samples in report.html; if they game the reward model, go back to an "
+                       f"earlier checkpoint and raise --kl_coef (docs/reward_hacking.md)")
         return figures, message
 
 

@@ -3,7 +3,7 @@ runs, the monitor's one message, and the held-out reward model's gap."""
 import pytest
 import torch
 
-from mingpt_rlhf.hacking import (MIN_FIRED, THRESHOLDS, HackingMonitor, HeldOutGap, fired,
+from mingpt_rlhf.hacking import (ALARM_KL, THRESHOLDS, HackingMonitor, HeldOutGap, fired,
                                  first_warning, signals, warns)
 
 
@@ -16,12 +16,13 @@ def rows(**series):
 def test_each_signal_on_a_hand_made_history():
     """W = 2, six iterations. kl windows 0, 1, 3: acceleration (3 - 1) - (1 - 0) = 1;
     length from 10 to 15: +0.5; entropy's last four 2.0, 1.9, 1.8, 1.7: slope -0.1 over the
-    first window's 2.0: -0.05; members' spread from 0.2 to 0.5: +1.5; gap from 0.1 to 0.9: +0.8."""
+    first window's 2.0: -0.05; members' spread from 0.2 to 0.5: +1.5; gap from 0.1 to 0.9: +0.8;
+    the KL's level, the last window's mean: 3."""
     history = rows(kl=[0, 0, 1, 1, 3, 3], resp_len=[10, 10, 12, 12, 15, 15],
                    entropy=[2.0, 2.0, 2.0, 1.9, 1.8, 1.7], ens_std=[0.2, 0.2, 0.3, 0.3, 0.5, 0.5],
                    heldout_gap=[0.1, 0.1, 0.5, 0.5, 0.9, 0.9])
     got = signals(history, 2)
-    expected = {"kl_accel": 1.0, "length_drift": 0.5, "entropy_trend": -0.05,
+    expected = {"kl_accel": 1.0, "kl_level": 3.0, "length_drift": 0.5, "entropy_trend": -0.05,
                 "disagreement": 1.5, "heldout_gap": 0.8}
     assert set(got) == set(THRESHOLDS) == set(expected)
     for name, value in expected.items():
@@ -35,6 +36,7 @@ def test_signals_wait_for_three_windows_and_skip_what_is_not_logged():
     got = signals(six, 2)
     assert got["disagreement"] is None and got["heldout_gap"] is None  # no ensemble, no held-out
     assert got["kl_accel"] == 0 and got["length_drift"] == 0 and got["entropy_trend"] == 0
+    assert got["kl_level"] == 0
 
 
 @pytest.mark.parametrize("name", list(THRESHOLDS))
@@ -49,10 +51,11 @@ def test_each_threshold_fires_past_it_and_not_before(name):
         assert fired({name: -beyond}) == [name]
 
 
-def test_the_rule_needs_more_than_one_signal():
-    length, _ = THRESHOLDS["length_drift"]
-    assert not warns({"length_drift": 2 * length})
-    assert MIN_FIRED == 2 and warns({"length_drift": 2 * length, "kl_accel": 10.0})
+def test_the_rule_is_the_kl_level_alone():
+    """Every other signal far past its threshold does not make the alarm; the KL's level does."""
+    others = {name: 10 * th for name, (th, _) in THRESHOLDS.items() if name != "kl_level"}
+    assert len(fired(others)) == len(THRESHOLDS) - 1 and not warns(others)
+    assert warns({"kl_level": ALARM_KL + 0.1}) and not warns({"kl_level": ALARM_KL - 0.1})
 
 
 def healthy_run(n=60):
@@ -65,11 +68,12 @@ def healthy_run(n=60):
 
 
 def hacking_run(n=60, turn=30):
-    """The healthy run until `turn`, then the policy finds an exploit: the KL speeds up to 0.4
-    nats per iteration and the responses grow by half a word per iteration."""
+    """The healthy run until `turn`, then the policy finds an exploit and runs away, as the
+    study's collapsing runs did: the KL speeds up to 2 nats per iteration and the responses
+    grow by half a word per iteration."""
     history = healthy_run(n)
     for t in range(turn, n):
-        history[t]["kl"] = 0.1 * turn + 0.4 * (t - turn)
+        history[t]["kl"] = 0.1 * turn + 2.0 * (t - turn)
         history[t]["resp_len"] += 0.5 * (t - turn)
     return history
 
@@ -79,12 +83,14 @@ def test_the_rule_stays_quiet_on_a_healthy_run():
 
 
 def test_the_rule_fires_after_the_turn_of_a_hacking_run():
-    """It fires after the exploit begins (step 31), not before, and within three windows."""
+    """It fires after the exploit begins (step 31), not before, and within three windows: by
+    hand, the KL at steps 31 + i is 3 + 2 i, so the mean of the last five passes 20 when
+    3 + 2 (i - 2) > 20, at i = 11, step 42."""
     step = first_warning(hacking_run(), 5)
-    assert step is not None and 31 < step <= 31 + 15
-    # by hand: at that step, the KL's acceleration and the length's drift are the two
+    assert step == 42
     history = hacking_run()[:step]
-    assert fired(signals(history, 5)) == ["kl_accel", "length_drift"]
+    assert "kl_level" in fired(signals(history, 5))
+    assert not warns(signals(history[:-1], 5))
     assert first_warning(hacking_run()[:30], 5) is None
 
 

@@ -64,7 +64,7 @@ def test_a_rules_figures_counted_by_hand():
     calm = {"overoptimized": False, "peak_step": 90, "damage_step": None}
     j = ws().judge([(over, 20), (over, 35), (over, 50), (over, None), (calm, 10), (calm, None)])
     # fired at 20: before the peak (lead 10) and the damage; at 35: before the damage only
-    assert j == {"overoptimized": 4, "calm": 2, "before_peak": 1, "before_damage": 2,
+    assert j == {"overoptimized": 4, "calm": 2, "before_peak": 1, "before_damage": 2, "caught": 3,
                  "median_lead": 10, "false_alarms": 1}
 
 
@@ -93,5 +93,12 @@ def test_a_threshold_fitted_on_some_seeds_is_scored_on_the_others():
     assert 4.0 <= c["threshold"] < 9.0
     assert c["fit"]["before_damage"] == 2 and c["fit"]["false_alarms"] == 0
     assert c["test"] == {"overoptimized": 1, "calm": 2, "before_peak": 0, "before_damage": 1,
-                         "median_lead": None, "false_alarms": 0}
+                         "caught": 1, "median_lead": None, "false_alarms": 0}
     assert "kl_level" in ws().calibration_table(out)
+
+
+def test_a_rule_of_two_signals_fires_where_both_have_passed():
+    s = {"step": [1, 2, 3, 4], "kl_level": [1.0, 5.0, 5.0, 5.0], "length_drift": [0.0, 0.0, -0.5, 0.0]}
+    assert ws().first_fire_rule(s, {"kl_level": 4.0, "length_drift": 0.25}, 1) == 2
+    assert ws().first_fire_rule(s, {"kl_level": 4.0, "length_drift": 0.25}, 2) == 3
+    assert ws().first_fire_rule(s, {"kl_level": 6.0, "length_drift": 0.25}, 2) is None
