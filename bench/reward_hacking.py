@@ -55,7 +55,7 @@ import details  # noqa: E402
 import overoptimization as overopt  # noqa: E402
 import results_file  # noqa: E402
 from warning_score import (DROP, SMOOTH, calibrate, calibration_table, gold_peak,  # noqa: E402,F401
-                           signal_table, warning_score, warning_summary)
+                           rule_figures, signal_table, warning_score, warning_summary)
 import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
@@ -63,6 +63,7 @@ import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.ensemble import COMBINE, UWO_LAMBDA, load_reward  # noqa: E402
+from mingpt_rlhf.hacking import ALARM_KL  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
 from mingpt_rlhf.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
@@ -399,8 +400,13 @@ def main(argv=None):
     result["warning"] = warning_summary(result)
     seeds = sorted({int(k.rsplit("/", 1)[1]) for k in result["runs"] if k.startswith("ppo/")})
     if len(seeds) > 1:  # thresholds fitted on all seeds but the last, scored on the last
-        result["warning_calibration"] = {"fit_seeds": seeds[:-1], "test_seeds": seeds[-1:],
-                                         "signals": calibrate(result, set(seeds[:-1]), {seeds[-1]})}
+        result["warning_calibration"] = {
+            "fit_seeds": seeds[:-1], "test_seeds": seeds[-1:],
+            "signals": calibrate(result, set(seeds[:-1]), {seeds[-1]}),
+            "alarms": calibrate(result, set(seeds[:-1]), {seeds[-1]}, goal="caught"),
+            # the library's rule (hacking.py: the KL's level past ALARM_KL) on each side
+            "rule": {side: rule_figures(result, {"kl_level": ALARM_KL}, 1, set(group))
+                     for side, group in (("fit", seeds[:-1]), ("test", seeds[-1:]))}}
     results_file.save(path, result)
     if not args.smoke:
         try:
@@ -416,7 +422,11 @@ def main(argv=None):
     print(signal_table(result))
     if "warning_calibration" in result:
         print()
-        print(calibration_table(result["warning_calibration"]["signals"]))
+        c = result["warning_calibration"]
+        print(calibration_table(c["signals"]))
+        print()
+        print(calibration_table(c["alarms"], goal="caught"))
+        print("the rule (KL level past", ALARM_KL, "):", c["rule"])
     return result
 
 

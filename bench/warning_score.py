@@ -138,11 +138,12 @@ def signal_table(result: dict) -> str:
     runs = scored_runs(result)
     cases = [(r, warning_score(r), series(r)) for _, r in runs]
     lines = ["| signal (library threshold) | overoptimized: before the peak | before the damage "
-             "| median lead | did not: false alarms |", "| --- " * 5 + "|"]
+             "| at all | median lead | did not: false alarms |", "| --- " * 6 + "|"]
     for name in [*hacking.THRESHOLDS, "rule"]:
         j = judge([(score, first_fire(s, name)) for r, score, s in cases if has(r, name)])
         lines.append(f"| {name} | {j['before_peak']} / {j['overoptimized']} | {j['before_damage']} / "
-                     f"{j['overoptimized']} | {j['median_lead']} | {j['false_alarms']} / {j['calm']} |")
+                     f"{j['overoptimized']} | {j['caught']} / {j['overoptimized']} | {j['median_lead']} | "
+                     f"{j['false_alarms']} / {j['calm']} |")
     return "\n".join(lines)
 
 
@@ -196,13 +197,14 @@ def rule_figures(result: dict, thresholds: dict, min_fired: int, seeds: set[int]
     return judge(cases)
 
 
-def calibration_table(calibrated: dict) -> str:
-    lines = ["| signal | fitted threshold | fit seeds: before the damage / overoptimized, false "
-             "alarms / calm | held-out seeds: before the peak, before the damage, false alarms |",
-             "| --- " * 4 + "|"]
+def calibration_table(calibrated: dict, goal: str = "before_damage") -> str:
+    """`calibrate`'s thresholds and figures; goal: the figure they were fitted for."""
+    said = {"before_damage": "warned before the damage", "caught": "caught at all"}[goal]
+    lines = [f"| signal | fitted threshold | fit seeds: {said} / overoptimized, false alarms / calm "
+             f"| held-out seeds: before the peak, {said}, false alarms |", "| --- " * 4 + "|"]
     for name, c in calibrated.items():
         f, t = c["fit"], c["test"]
-        lines.append(f"| {name} | {c['threshold']:g} | {f['before_damage']} / {f['overoptimized']}, "
+        lines.append(f"| {name} | {c['threshold']:g} | {f[goal]} / {f['overoptimized']}, "
                      f"{f['false_alarms']} / {f['calm']} | {t['before_peak']} / {t['overoptimized']}, "
-                     f"{t['before_damage']} / {t['overoptimized']}, {t['false_alarms']} / {t['calm']} |")
+                     f"{t[goal]} / {t['overoptimized']}, {t['false_alarms']} / {t['calm']} |")
     return "\n".join(lines)
