@@ -42,7 +42,7 @@ import torch
 
 from .rewards import ModelReward
 
-ALARM_KL = 20.0  # nats per response: the study's fit on seeds 0 and 1 was 20.6
+ALARM_KL = 20.0  # nats per response: chosen on the study's seeds 0 and 1 (docs/reward_hacking.md)
 # signal -> (threshold, direction): +1 fires above it, -1 below it, 0 when |value| passes it
 THRESHOLDS = {
     "disagreement": (0.5, +1),     # the members' spread up by half

@@ -402,7 +402,12 @@ def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_js
             "GRPO, the paper's KL in the loss": "dr_grpo_kl_loss",
             "GRPO as published (both)": "grpo_std_kl_loss",
             "online DPO (`--algo online_dpo`": "online_dpo",
-            "online DPO, `--dpo_beta 1`": "online_dpo_beta1"}
+            "online DPO, `--dpo_beta 1`": "online_dpo_beta1",
+            "online DPO, beta 1, best and worst of 4": "online_dpo_beta1_g4",
+            "online DPO, beta 2": "online_dpo_beta2",  # the first row that starts so
+            "online DPO, beta 2, best and worst of 4": "online_dpo_beta2_g4",
+            "online DPO, beta 0.3, one pass": "online_dpo_e1",
+            "online DPO, beta 1, one pass": "online_dpo_beta1_e1"}
     readme_rows = {"ppo": "| [PPO]", "grpo": "| [GRPO]", "rloo": "| [RLOO]", "dpo": "| [DPO]",
                    "best_of_16": "| [best-of-16]", "best_of_1": "| [the SFT policy]",
                    "online_dpo": "| [online DPO]"}
