@@ -38,6 +38,7 @@ def child(rule: str, root: str, iters: int, out: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     import train_ppo
     from mingpt_rlhf.metrics import read_metrics
+    from vs_peers import peak_rss_mb
     member, combine = REWARDS[rule]
     rm_dir = os.path.join(root, "hack", "rm_noise0", member)
     train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=os.path.join(root, "sft"), rm_dir=rm_dir.rstrip("/"),
@@ -45,8 +46,7 @@ def child(rule: str, root: str, iters: int, out: str, threads: int) -> dict:
                                     seed=0))
     rows = [r for r in read_metrics(os.path.join(out, "metrics.jsonl"))
             if "split" not in r and not r.get("final") and "t_score" in r]
-    with open("/proc/self/status") as f:
-        peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    peak = peak_rss_mb()
     return {"t_score": statistics.median(r["t_score"] for r in rows[1:] or rows),
             "t_iteration": statistics.median(b["time"] - a["time"] for a, b in zip(rows, rows[1:])),
             "peak_rss_mb": round(peak, 1)}

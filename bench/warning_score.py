@@ -105,12 +105,14 @@ def first_fire(s: dict, name: str, threshold: float | None = None) -> int | None
         return next((step for step, on in zip(s["step"], s["rule"]) if on), None)
     if threshold is None:
         threshold = hacking.THRESHOLDS[name][0]
+    return next((step for step, v in zip(s["step"], s[name]) if passes(name, v, threshold)), None)
+
+
+def passes(name: str, value: float | None, threshold: float) -> bool:
+    """Whether a signal's value is past `threshold` in the signal's direction."""
     d = DIRECTION[name]
-    for step, v in zip(s["step"], s[name]):
-        if v is not None and ((d > 0 and v > threshold) or (d < 0 and v < threshold)
-                              or (d == 0 and abs(v) > threshold)):
-            return step
-    return None
+    return value is not None and ((d > 0 and value > threshold) or (d < 0 and value < threshold)
+                                  or (d == 0 and abs(value) > threshold))
 
 
 def judge(cases: list[tuple[dict, int | None]]) -> dict:
@@ -178,14 +180,8 @@ def calibrate(result: dict, fit_seeds: set[int], test_seeds: set[int], goal: str
 def first_fire_rule(s: dict, thresholds: dict, min_fired: int) -> int | None:
     """The first step where at least `min_fired` of the signals in `thresholds` ({name:
     threshold}) pass theirs: the library's rule with other thresholds."""
-    for i, step in enumerate(s["step"]):
-        n = 0
-        for name, th in thresholds.items():
-            v, d = s[name][i], DIRECTION[name]
-            n += v is not None and ((d > 0 and v > th) or (d < 0 and v < th) or (d == 0 and abs(v) > th))
-        if n >= min_fired:
-            return step
-    return None
+    return next((step for i, step in enumerate(s["step"])
+                 if sum(passes(name, s[name][i], th) for name, th in thresholds.items()) >= min_fired), None)
 
 
 def rule_figures(result: dict, thresholds: dict, min_fired: int, seeds: set[int]) -> dict:
