@@ -15,7 +15,8 @@ and reward model of bench/details.py for the seed (the same --work folder, train
 missing), 100 iterations (half the default, so that the grid fits; stated in the table), the
 final eval's gold, rm_score and kl on the 200 held-out prompts. Sort: from its SFT policy,
 the default 200 iterations, the final eval's gold (the share sorted right) and gold_unseen.
-Along each run: the eval curve, and the training means of mismatch_kl (the gap between
+Along each run: the eval curve (summarised as gold_along, the mean gold of its evals after the
+start, and gold_low, the lowest: a run can fall and recover by its end), the training means of mismatch_kl (the gap between
 sampler and learner), clipfrac and is_cut (the share of tokens whose weight the cap cut or
 the mask dropped).
 
@@ -99,10 +100,22 @@ def run(seed: int, root: str, task: str, algo: str, lag: int, correction: str) -
     return figures
 
 
+def along_the_run(run: dict) -> None:
+    """Two figures of the eval curve beside the final gold (which hides a run that fell and
+    recovered): gold_along, the mean gold of the evals after the first (the start, the same
+    for every run), and gold_low, the lowest of them."""
+    gold = [p["gold"] for p in run.get("curve", [])[1:] if "gold" in p]
+    if gold:
+        run["gold_along"] = sum(gold) / len(gold)
+        run["gold_low"] = min(gold)
+
+
 def summarise(result: dict) -> None:
+    for run in result["runs"].values():
+        along_the_run(run)
     result["summary"] = results_file.over_seeds(
-        result["runs"], ("gold", "gold_unseen", "rm_score", "kl", "mismatch_kl", "clipfrac",
-                         "is_cut", "seconds"))
+        result["runs"], ("gold", "gold_along", "gold_low", "gold_unseen", "rm_score", "kl",
+                         "mismatch_kl", "clipfrac", "is_cut", "seconds"))
     by = {}
     for key, r in result["runs"].items():
         by.setdefault(key.rsplit("/", 1)[0], []).append(r)
@@ -124,8 +137,8 @@ def summarise(result: dict) -> None:
 
 
 def markdown_table(result: dict) -> str:
-    lines = ["| task | algo | lag | correction | seeds | gold | KL | mismatch KL | clipfrac | "
-             "cut |", "| --- " * 10 + "|"]
+    lines = ["| task | algo | lag | correction | seeds | gold | gold along | lowest gold | KL | "
+             "mismatch KL | clipfrac | cut |", "| --- " * 12 + "|"]
 
     def cell(s, k, digits=3):
         if k not in s:
@@ -136,9 +149,65 @@ def markdown_table(result: dict) -> str:
             kv[0].split("/")[0], kv[0].split("/")[1], int(kv[0].split("/")[2][3:]), kv[0])):
         task, algo, lag, correction = key.split("/")
         lines.append(f"| {task} | {algo} | {lag[3:]} | {correction} | {s['seeds']} | "
-                     f"{cell(s, 'gold')} | {cell(s, 'kl', 2)} | {cell(s, 'mismatch_kl', 4)} | "
+                     f"{cell(s, 'gold')} | {cell(s, 'gold_along')} | {cell(s, 'gold_low')} | "
+                     f"{cell(s, 'kl', 2)} | {cell(s, 'mismatch_kl', 4)} | "
                      f"{cell(s, 'clipfrac')} | {cell(s, 'is_cut')} |")
     return "\n".join(lines)
+
+
+def mean_gold_curve(runs: list[dict]) -> tuple[list, list]:
+    """The eval steps and the seeds' mean gold at each, as far as every run reached."""
+    n = min(len(r["curve"]) for r in runs)
+    return ([p["step"] for p in runs[0]["curve"][:n]],
+            [sum(r["curve"][j]["gold"] for r in runs) / len(runs) for j in range(n)])
+
+
+def draw(result: dict, png: str) -> None:
+    """Top row: the final gold against the lag, one panel per task and algorithm, one line per
+    correction (mean of the seeds, bars from the lowest to the highest seed; every line starts
+    at the lag-0 run). Bottom row: the gold along the run at the largest lag measured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    summary = result["summary"]
+    panels = sorted({tuple(k.split("/")[:2]) for k in summary})
+    if not panels:
+        return
+    fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels), 7), squeeze=False)
+    for col, (task, algo) in enumerate(panels):
+        keys = [k.split("/") for k in summary if k.startswith(f"{task}/{algo}/")]
+        lags = sorted({int(k[2][3:]) for k in keys})
+        top, bottom = axes[0][col], axes[1][col]
+        start = summary.get(f"{task}/{algo}/lag0/none")
+        for i, correction in enumerate(OFFPOLICY):
+            points = [(lag, summary[f"{task}/{algo}/lag{lag}/{correction}"]["gold"]) for lag in lags
+                      if lag and f"{task}/{algo}/lag{lag}/{correction}" in summary]
+            if not points:
+                continue
+            if start:
+                points.insert(0, (0, start["gold"]))
+            x = [lag for lag, _ in points]
+            mean = [g["mean"] for _, g in points]
+            bars = [[g["mean"] - g["min"] for _, g in points], [g["max"] - g["mean"] for _, g in points]]
+            top.errorbar([v + 0.06 * (i - 2) for v in x], mean, yerr=bars, fmt="o-", ms=3,
+                         capsize=2, color=f"C{i}", label=correction)
+            last = max(x)
+            runs = [r for k, r in result["runs"].items()
+                    if k.startswith(f"{task}/{algo}/lag{last}/{correction}/") and r.get("curve")]
+            if runs and last:
+                bottom.plot(*mean_gold_curve(runs), color=f"C{i}", label=f"{correction}, lag {last}")
+        zero = [r for k, r in result["runs"].items() if k.startswith(f"{task}/{algo}/lag0/") and r.get("curve")]
+        if zero:
+            bottom.plot(*mean_gold_curve(zero), "k--", label="lag 0")
+        top.set_title(f"{task}, {algo}: final gold", fontsize=10)
+        top.set_xlabel("sampler lag (updates)")
+        bottom.set_title(f"{task}, {algo}: gold along the run", fontsize=10)
+        bottom.set_xlabel("iteration")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
 
 
 def main():
@@ -181,6 +250,11 @@ def main():
     summarise(result)
     if args.merge:
         results_file.save(args.results, result)
+    if not args.table:
+        try:
+            draw(result, os.path.splitext(args.results)[0] + ".png")
+        except ImportError:
+            print("matplotlib is not installed: no picture")
     print(markdown_table(result))
 
 

@@ -87,12 +87,10 @@ def spec_of(cfg) -> LossSpec:
 
 
 def policy_loss_of(cfg) -> str:
-    """dpo for online DPO, sequence for GSPO's ratio (--ratio sequence, or against a lagging
-    sampler with --offpolicy gspo), else token."""
+    """dpo for online DPO, sequence for GSPO's ratio (--ratio sequence, which
+    resolve_auto_options sets for --offpolicy gspo), else token."""
     if cfg.algo == "online_dpo":
         return "dpo"
-    if getattr(cfg, "offpolicy", "") == "gspo":
-        return "sequence"
     return getattr(cfg, "ratio", "token")
 
 

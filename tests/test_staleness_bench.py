@@ -34,3 +34,33 @@ def test_the_overlap_model_is_max_of_sampling_and_the_rest():
     assert set(result["async_model"]["rows"]) == {"sort/grpo"}               # lag 0 runs only
     table = b.markdown_table(result)
     assert table.index("| 0 | none") < table.index("| 4 | tis")
+
+
+def test_along_the_run_sees_a_fall_the_final_gold_hides():
+    """Evals at steps 0, 20, 40, 60 with gold 0.1 (the start, left out), -0.6, 0.5, 0.9: the
+    final gold is 0.9, the mean after the start (-0.6 + 0.5 + 0.9) / 3 = 0.2667, the low -0.6."""
+    b = bench()
+    run = {"gold": 0.9, "curve": [{"step": s, "gold": g} for s, g in
+                                  ((0, 0.1), (20, -0.6), (40, 0.5), (60, 0.9))]}
+    b.along_the_run(run)
+    assert run["gold_along"] == pytest.approx(0.8 / 3)
+    assert run["gold_low"] == pytest.approx(-0.6)
+    result = {"runs": {"sort/ppo/lag8/tis/0": run}}
+    b.summarise(result)
+    assert result["summary"]["sort/ppo/lag8/tis"]["gold_low"]["mean"] == pytest.approx(-0.6)
+    assert "| -0.600 [-0.600, -0.600] |" in b.markdown_table(result)
+
+
+def test_the_picture_is_drawn_from_the_summary(tmp_path):
+    pytest.importorskip("matplotlib")
+    b = bench()
+    curve = lambda *gold: [{"step": 20 * i, "gold": g} for i, g in enumerate(gold)]
+    seconds = {"t_generate": 1.0, "t_score": 0.5, "t_learn": 1.0}
+    result = {"runs": {"sort/grpo/lag0/none/0": {"gold": 0.9, "curve": curve(0.5, 0.7, 0.9), **seconds},
+                       "sort/grpo/lag8/tis/0": {"gold": 0.8, "curve": curve(0.5, 0.6, 0.8)},
+                       "sort/grpo/lag8/none/0": {"gold": 0.7, "curve": curve(0.5, 0.4, 0.7)}}}
+    b.summarise(result)
+    b.draw(result, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert b.mean_gold_curve([result["runs"]["sort/grpo/lag8/tis/0"],
+                              result["runs"]["sort/grpo/lag8/none/0"]]) == ([0, 20, 40], [0.5, 0.5, 0.75])
