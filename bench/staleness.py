@@ -210,6 +210,26 @@ def draw(result: dict, png: str) -> None:
     fig.savefig(png, dpi=100)
 
 
+def lag_table(result: dict, task: str) -> str:
+    """The final gold of `task` with the lags as columns: one row per algorithm and correction,
+    mean [lowest, highest seed], and how many seeds; every row's lag 0 is the lag-0 run."""
+    summary = result["summary"]
+    keys = [k.split("/") for k in summary if k.startswith(f"{task}/")]
+    lags = sorted({int(k[2][3:]) for k in keys})
+    lines = ["| algo | correction | " + " | ".join(f"lag {lag}" for lag in lags) + " |",
+             "| --- " * (2 + len(lags)) + "|"]
+    for algo in ALGOS:
+        for correction in OFFPOLICY:
+            row = [summary.get(f"{task}/{algo}/lag{lag}/{'none' if lag == 0 else correction}")
+                   for lag in lags]
+            if not any(row[i] for i, lag in enumerate(lags) if lag):
+                continue
+            cells = [f"{s['gold']['mean']:.3f} [{s['gold']['min']:.2f}, {s['gold']['max']:.2f}] "
+                     f"({s['seeds']})" if s else "" for s in row]
+            lines.append(f"| {algo} | {correction} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -256,6 +276,9 @@ def main():
         except ImportError:
             print("matplotlib is not installed: no picture")
     print(markdown_table(result))
+    for task in sorted({k.split("/")[0] for k in result["summary"]}):
+        print(f"\n{task}: the final gold by lag\n")
+        print(lag_table(result, task))
 
 
 if __name__ == "__main__":

@@ -64,3 +64,18 @@ def test_the_picture_is_drawn_from_the_summary(tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 10_000
     assert b.mean_gold_curve([result["runs"]["sort/grpo/lag8/tis/0"],
                               result["runs"]["sort/grpo/lag8/none/0"]]) == ([0, 20, 40], [0.5, 0.5, 0.75])
+
+
+def test_the_lag_table_puts_the_lags_side_by_side_from_the_lag0_run():
+    """Lag 0 (one run, 0.9) starts every correction's row; tis at lag 4 (0.8, 0.6: mean 0.7)
+    and lag 8 (0.5); clip only at lag 8 (0.4), its lag-4 cell empty."""
+    b = bench()
+    t = {"t_generate": 1.0, "t_score": 0.5, "t_learn": 1.0}
+    result = {"runs": {"sort/ppo/lag0/none/0": {"gold": 0.9, **t},
+                       "sort/ppo/lag4/tis/0": {"gold": 0.8}, "sort/ppo/lag4/tis/1": {"gold": 0.6},
+                       "sort/ppo/lag8/tis/0": {"gold": 0.5}, "sort/ppo/lag8/clip/0": {"gold": 0.4}}}
+    b.summarise(result)
+    lines = b.lag_table(result, "sort").splitlines()
+    assert lines[0] == "| algo | correction | lag 0 | lag 4 | lag 8 |"
+    assert lines[2:] == ["| ppo | clip | 0.900 [0.90, 0.90] (1) |  | 0.400 [0.40, 0.40] (1) |",
+                         "| ppo | tis | 0.900 [0.90, 0.90] (1) | 0.700 [0.60, 0.80] (2) | 0.500 [0.50, 0.50] (1) |"]
