@@ -24,8 +24,9 @@ def save(path: str, result: dict) -> None:
 
 
 def over_seeds(runs: dict, figures) -> dict:
-    """{row: {"seeds": n, figure: {"mean", "min", "max"}}} of `runs` keyed "row/.../seed": each
-    row's figures over its seeds (a figure no run of the row has is left out)."""
+    """{row: {"seeds": n, figure: {"mean", "min", "max", "n"}}} of `runs` keyed "row/.../seed":
+    each row's figures over its seeds, n of them having the figure (one no run of the row has is
+    left out)."""
     by = {}
     for key, r in runs.items():
         by.setdefault(key.rsplit("/", 1)[0], []).append(r)
@@ -35,7 +36,7 @@ def over_seeds(runs: dict, figures) -> dict:
         for k in figures:
             v = [r[k] for r in rs if k in r]
             if v:
-                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
+                s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v), "n": len(v)}
         summary[row] = s
     return summary
 

@@ -111,10 +111,16 @@ def along_the_run(run: dict) -> None:
 
 
 def summarise(result: dict) -> None:
-    for run in result["runs"].values():
+    runs = result["runs"]
+    for key, run in runs.items():
         along_the_run(run)
+        # the change from the same seed's lag-0 run: the seeds differ more than the lags do
+        task, algo, _, _, seed = key.split("/")
+        start = runs.get(f"{task}/{algo}/lag0/none/{seed}")
+        if start and "gold" in run:
+            run["gold_change"] = run["gold"] - start["gold"]
     result["summary"] = results_file.over_seeds(
-        result["runs"], ("gold", "gold_along", "gold_low", "gold_unseen", "rm_score", "kl",
+        result["runs"], ("gold", "gold_change", "gold_along", "gold_low", "gold_unseen", "rm_score", "kl",
                          "mismatch_kl", "clipfrac", "is_cut", "seconds"))
     by = {}
     for key, r in result["runs"].items():
@@ -210,12 +216,14 @@ def draw(result: dict, png: str) -> None:
     fig.savefig(png, dpi=100)
 
 
-def lag_table(result: dict, task: str) -> str:
-    """The final gold of `task` with the lags as columns: one row per algorithm and correction,
-    mean [lowest, highest seed], and how many seeds; every row's lag 0 is the lag-0 run."""
+def lag_table(result: dict, task: str, figure: str = "gold") -> str:
+    """`figure` (the final gold, or gold_change: its change from the same seed's lag-0 run) of
+    `task` with the lags as columns: one row per algorithm and correction, mean [lowest,
+    highest seed], and how many seeds have it; every row's lag 0 is the lag-0 run."""
     summary = result["summary"]
     keys = [k.split("/") for k in summary if k.startswith(f"{task}/")]
     lags = sorted({int(k[2][3:]) for k in keys})
+    sign = "+" if figure == "gold_change" else ""
     lines = ["| algo | correction | " + " | ".join(f"lag {lag}" for lag in lags) + " |",
              "| --- " * (2 + len(lags)) + "|"]
     for algo in ALGOS:
@@ -224,8 +232,8 @@ def lag_table(result: dict, task: str) -> str:
                    for lag in lags]
             if not any(row[i] for i, lag in enumerate(lags) if lag):
                 continue
-            cells = [f"{s['gold']['mean']:.3f} [{s['gold']['min']:.2f}, {s['gold']['max']:.2f}] "
-                     f"({s['seeds']})" if s else "" for s in row]
+            cells = [f"{v['mean']:{sign}.3f} [{v['min']:{sign}.2f}, {v['max']:{sign}.2f}] ({v['n']})"
+                     if v else "" for v in (s and s.get(figure) for s in row)]
             lines.append(f"| {algo} | {correction} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -279,6 +287,8 @@ def main():
     for task in sorted({k.split("/")[0] for k in result["summary"]}):
         print(f"\n{task}: the final gold by lag\n")
         print(lag_table(result, task))
+        print(f"\n{task}: its change from the same seed's lag 0\n")
+        print(lag_table(result, task, "gold_change"))
 
 
 if __name__ == "__main__":

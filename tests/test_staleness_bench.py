@@ -79,3 +79,20 @@ def test_the_lag_table_puts_the_lags_side_by_side_from_the_lag0_run():
     assert lines[0] == "| algo | correction | lag 0 | lag 4 | lag 8 |"
     assert lines[2:] == ["| ppo | clip | 0.900 [0.90, 0.90] (1) |  | 0.400 [0.40, 0.40] (1) |",
                          "| ppo | tis | 0.900 [0.90, 0.90] (1) | 0.700 [0.60, 0.80] (2) | 0.500 [0.50, 0.50] (1) |"]
+
+
+def test_the_change_is_taken_against_the_same_seeds_lag0_run():
+    """Seed 0 starts at 0.9 and ends at 0.8 with a lag, seed 1 starts at 0.7 and ends at 0.7:
+    changes -0.1 and 0 (mean -0.05), where the golds' own means differ by 0.05 only because the
+    seeds do; a run whose seed has no lag-0 run gets no change."""
+    b = bench()
+    t = {"t_generate": 1.0, "t_score": 0.5, "t_learn": 1.0}
+    result = {"runs": {"sort/ppo/lag0/none/0": {"gold": 0.9, **t}, "sort/ppo/lag0/none/1": {"gold": 0.7, **t},
+                       "sort/ppo/lag8/tis/0": {"gold": 0.8}, "sort/ppo/lag8/tis/1": {"gold": 0.7},
+                       "sort/ppo/lag8/tis/2": {"gold": 0.1}}}
+    b.summarise(result)
+    change = result["summary"]["sort/ppo/lag8/tis"]["gold_change"]
+    assert (change["mean"], change["min"], change["max"]) == pytest.approx((-0.05, -0.1, 0.0))
+    assert "gold_change" not in result["runs"]["sort/ppo/lag8/tis/2"]
+    assert "| ppo | tis | +0.000 [+0.00, +0.00] (2) | -0.050 [-0.10, +0.00] (2) |" in \
+        b.lag_table(result, "sort", "gold_change")
