@@ -536,3 +536,26 @@ def test_the_two_kl_options_say_they_are_not_each_other():
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(train_ppo.Config)}
     assert "Not --target_kl" in helps["kl_target"] and "Not --kl_target" in helps["target_kl"]
     assert "## Two KLs, with near-identical option names" in page_text("docs", "details.md")
+
+
+def test_the_readmes_staleness_line_is_bench_staleness_json():
+    """The README's stale-sample figures are the study's: PPO with tis within 0.025 of the same
+    seed's lag-0 gold at every lag on both tasks; PPO clipping against the sampler, GRPO's every
+    correction and online DPO at lag 8 on reviews."""
+    import json
+    from conftest import bench_module
+    bench = bench_module("staleness")
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    with open(bench.RESULTS) as f:
+        result = json.load(f)
+    bench.summarise(result)
+    s = result["summary"]
+    tis = [v["gold_change"] for k, v in s.items() if "/ppo/" in k and k.endswith("/tis")]
+    assert len(tis) == 6 and all(abs(c["mean"]) <= 0.025 for c in tis)
+    assert "PPO with `--offpolicy tis` keeps its gold (within 0.025)" in text
+    change = lambda row: -s[f"reviews_rm/{row}"]["gold_change"]["mean"]
+    assert f"clipping against the old sampler loses {change('ppo/lag8/clip'):.2f} on reviews" in text
+    grpo = [change(f"grpo/lag8/{c}") for c in bench.corrections("grpo", 8)]
+    assert f"GRPO on a reward model loses {min(grpo):.2f}-{max(grpo):.2f} whatever the correction" in text
+    assert f"online DPO {change('online_dpo/lag8/none'):.2f}." in text
