@@ -16,9 +16,9 @@ missing), 100 iterations (half the default, so that the grid fits; stated in the
 final eval's gold, rm_score and kl on the 200 held-out prompts. Sort: from its SFT policy,
 the default 200 iterations, the final eval's gold (the share sorted right) and gold_unseen.
 Along each run: the eval curve (summarised as gold_along, the mean gold of its evals after the
-start, and gold_low, the lowest: a run can fall and recover by its end), the training means of mismatch_kl (the gap between
-sampler and learner), clipfrac and is_cut (the share of tokens whose weight the cap cut or
-the mask dropped).
+start, and gold_low, the lowest: a run can fall and recover by its end), the training means of
+mismatch_kl (the gap between sampler and learner), clipfrac and is_cut (the share of tokens
+whose weight the cap cut or the mask dropped).
 
 What an asynchronous sampler would save is a model, not a measurement: from the lag-0 run's
 own seconds per iteration of sampling (t_generate) and of the rest (scoring and learning),
@@ -41,6 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import overoptimization as overopt  # noqa: E402
 import results_file  # noqa: E402
 import torch  # noqa: E402
 
@@ -161,13 +162,6 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def mean_gold_curve(runs: list[dict]) -> tuple[list, list]:
-    """The eval steps and the seeds' mean gold at each, as far as every run reached."""
-    n = min(len(r["curve"]) for r in runs)
-    return ([p["step"] for p in runs[0]["curve"][:n]],
-            [sum(r["curve"][j]["gold"] for r in runs) / len(runs) for j in range(n)])
-
-
 def draw(result: dict, png: str) -> None:
     """Top row: the final gold against the lag, one panel per task and algorithm, one line per
     correction (mean of the seeds, bars from the lowest to the highest seed; every line starts
@@ -198,13 +192,14 @@ def draw(result: dict, png: str) -> None:
             top.errorbar([v + 0.06 * (i - 2) for v in x], mean, yerr=bars, fmt="o-", ms=3,
                          capsize=2, color=f"C{i}", label=correction)
             last = max(x)
-            runs = [r for k, r in result["runs"].items()
-                    if k.startswith(f"{task}/{algo}/lag{last}/{correction}/") and r.get("curve")]
-            if runs and last:
-                bottom.plot(*mean_gold_curve(runs), color=f"C{i}", label=f"{correction}, lag {last}")
-        zero = [r for k, r in result["runs"].items() if k.startswith(f"{task}/{algo}/lag0/") and r.get("curve")]
-        if zero:
-            bottom.plot(*mean_gold_curve(zero), "k--", label="lag 0")
+            curves = [r["curve"] for r in overopt.runs_of(result, f"{task}/{algo}/lag{last}/{correction}")]
+            if curves and last:
+                bottom.plot(overopt.mean_curve(curves, "step"), overopt.mean_curve(curves, "gold"),
+                            color=f"C{i}", label=f"{correction}, lag {last}")
+        curves = [r["curve"] for r in overopt.runs_of(result, f"{task}/{algo}/lag0/none")]
+        if curves:
+            bottom.plot(overopt.mean_curve(curves, "step"), overopt.mean_curve(curves, "gold"), "k--",
+                        label="lag 0")
         top.set_title(f"{task}, {algo}: final gold", fontsize=10)
         top.set_xlabel("sampler lag (updates)")
         bottom.set_title(f"{task}, {algo}: gold along the run", fontsize=10)
@@ -214,6 +209,7 @@ def draw(result: dict, png: str) -> None:
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 def lag_table(result: dict, task: str, figure: str = "gold") -> str:
@@ -249,7 +245,7 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_details"),
                     help="where bench/details.py keeps each seed's SFT and RM")
     ap.add_argument("--results", default=RESULTS, help="the JSON file the runs go to")
-    ap.add_argument("--merge", nargs="*", default=[],
+    ap.add_argument("--merge", nargs="+", default=[],
                     help="add the runs of these JSON files (another process's) to --results")
     ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has")
     ap.add_argument("--table", action="store_true", help="only print the table of the JSON")
