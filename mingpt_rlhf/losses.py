@@ -11,7 +11,7 @@ few choices, each one a role with a table of interchangeable entries of one sign
 - POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included),
                 sequence (GSPO's one ratio per response) or dpo (online DPO's loss on pairs,
                 online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
-                action_mask, spec, budget, tokens) -> (loss, clipfrac, approx_kl).
+                action_mask, spec, budget, tokens) -> (loss, clipfrac).
 - REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
 - KL_ESTIMATORS a per-token estimate of KL(pi || ref) from samples of pi, f(logprobs,
                 ref_logprobs) -> (B, N): k1 = log pi - log ref, k2 = (log pi - log ref)^2 / 2,
@@ -36,7 +36,8 @@ import torch
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
 from .distributed import tokens_per_rank
 from .online_dpo import pair_loss, preference_signs, preferred_pairs
-from .ppo import REDUCTIONS, gae, masked_mean, masked_whiten, policy_loss, reduce_tokens
+from .ppo import (REDUCTIONS, approx_kl, gae, masked_mean, masked_whiten, policy_loss,
+                  reduce_tokens)
 from .refinements import reinforce_pp_advantages, sequence_policy_loss
 
 
@@ -152,10 +153,7 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
     pairs = tokens_per_rank(preferred_pairs(advantages, action_mask)) if tokens is not None else None
     loss = pair_loss(logprobs, ref_logprobs, advantages, action_mask, spec.dpo_beta, spec.dpo_loss,
                      pairs)
-    with torch.no_grad():  # how far the update moved from the sampler, as PPO logs it
-        log_ratio = (logprobs - old_logprobs) * action_mask
-        approx_kl = masked_mean(torch.exp(log_ratio) - 1 - log_ratio, action_mask, tokens=tokens)
-    return loss, torch.zeros(()), approx_kl
+    return loss, torch.zeros(())  # no ratio, so nothing is clipped
 
 
 POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo}
@@ -203,11 +201,13 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
     # past EOS the response is PAD, whose log-prob is the most negative float: keep it out of
     # every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
     logprobs = torch.where(action_mask.bool(), logprobs, 0.0)
-    pg_loss, clipfrac, approx_kl = POLICY_LOSSES[spec.policy_loss](
+    pg_loss, clipfrac = POLICY_LOSSES[spec.policy_loss](
         logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens)
     entropy = masked_mean(entropy, action_mask, tokens=tokens)
     loss = pg_loss - spec.entropy_coef * entropy
-    figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": approx_kl,
+    # one measure of the update's move for every policy loss, the early stop's
+    moved = approx_kl(logprobs, old_logprobs, action_mask, tokens)
+    figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": moved,
                "policy_entropy": entropy}
     if spec.kl_in == "loss":
         kl_loss = reduce_tokens(KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs),

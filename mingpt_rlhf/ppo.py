@@ -230,8 +230,8 @@ def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None,
 def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2,
                 how: str = "token", budget: int | None = None, tokens=None,
                 clip_high: float | None = None):
-    """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and its
-    diagnostics (clipfrac, approx_kl: masked means over tokens). `tokens`: see
+    """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and clipfrac, the
+    share of tokens whose clipped branch was taken (a masked mean). `tokens`: see
     `distributed.tokens_per_rank`. `clip_high`: the upper clip 1 + clip_high instead of
     1 + clip_range (DAPO's clip-higher, refinements.py)."""
     log_ratio = logprobs - old_logprobs
@@ -242,9 +242,18 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
     loss = reduce_tokens(torch.max(unclipped, clipped), action_mask, how, budget, tokens)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), action_mask, tokens=tokens)
-        # k3 estimator of KL(old || new): unbiased and >= 0 (Schulman's "approximating KL")
-        approx_kl = masked_mean((ratio - 1) - log_ratio, action_mask, tokens=tokens)
-    return loss, clipfrac, approx_kl
+    return loss, clipfrac
+
+
+def approx_kl(logprobs, start_logprobs, action_mask, tokens=None) -> torch.Tensor:
+    """How far an update has moved the policy from where it started, per token: the k3
+    estimate (r - 1) - log r of KL(start || now), r = pi / pi_start, unbiased and >= 0
+    (Schulman's "approximating KL"), a mean over real tokens (`tokens`: see
+    `distributed.tokens_per_rank`, so that slices and processes give the whole minibatch's
+    mean). The early stop on --target_kl reads it. No gradient."""
+    with torch.no_grad():
+        log_ratio = torch.where(action_mask.bool(), logprobs - start_logprobs, 0.0)
+        return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, action_mask, tokens=tokens)
 
 
 def value_loss(values, old_values, returns, action_mask, clip_range: float = 0.2, tokens=None):

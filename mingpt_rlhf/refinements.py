@@ -55,18 +55,17 @@ from __future__ import annotations
 
 import torch
 
-from .ppo import gae, masked_mean, masked_whiten
+from .ppo import gae, masked_whiten
 
 
 def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_low: float,
                          clip_high: float):
-    """GSPO's clipped surrogate with one ratio per sequence: (loss, clipfrac, approx_kl).
+    """GSPO's clipped surrogate with one ratio per sequence: (loss, clipfrac).
 
     logprobs, old_logprobs, action_mask: (B, N); advantages: (B,) one per sequence.
     s_i = exp(mean over i's tokens of (logprobs - old_logprobs));
     loss_i = max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high)); loss = mean over i.
-    clipfrac is the share of sequences whose clipped branch was taken; approx_kl the token
-    mean of (r - 1) - log r, as ppo.policy_loss reports it."""
+    clipfrac is the share of sequences whose clipped branch was taken."""
     tokens = action_mask.sum(-1).clamp(min=1)
     log_ratio = (logprobs - old_logprobs) * action_mask
     seq_ratio = torch.exp(log_ratio.sum(-1) / tokens)                            # (B,)
@@ -75,9 +74,7 @@ def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_l
     loss = torch.max(unclipped, clipped).mean()
     with torch.no_grad():
         clipfrac = (clipped > unclipped).float().mean()
-        ratio = torch.exp(log_ratio)
-        approx_kl = masked_mean((ratio - 1) - log_ratio, action_mask)
-    return loss, clipfrac, approx_kl
+    return loss, clipfrac
 
 
 def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: int) -> torch.Tensor:

@@ -157,19 +157,16 @@ def run_job(mode, out, script, argv) -> bool:
         patch(module, "save_checkpoint", save_then_die)
 
     if mode == "ppo_probe":
-        real_loss, real_whiten, real_learn = (losses.policy_loss, losses.masked_whiten,
-                                              ppo_trainer.PPOTrainer.learn)
+        real_kl, real_whiten, real_learn = (losses.approx_kl, losses.masked_whiten,
+                                            ppo_trainer.PPOTrainer.learn)
 
-        def policy_loss(logprobs, old_logprobs, advantages, mask, *args, **kwargs):
-            pg, clipfrac, approx_kl = real_loss(logprobs, old_logprobs, advantages, mask, *args,
-                                                **kwargs)
+        def approx_kl(logprobs, start_logprobs, mask, *args, **kwargs):
+            kl = real_kl(logprobs, start_logprobs, mask, *args, **kwargs)
             if record["first_minibatch"] is None:
-                ratio = torch.exp(logprobs - old_logprobs)[mask.bool()]
+                ratio = torch.exp(logprobs - start_logprobs)[mask.bool()]
                 record["first_minibatch"] = {"max_ratio_error": (ratio - 1).abs().max().item(),
-                                             "approx_kl": approx_kl.item()}
-            if distributed.rank() == 1:
-                approx_kl = approx_kl * 1e6
-            return pg, clipfrac, approx_kl
+                                             "approx_kl": kl.item()}
+            return kl * 1e6 if distributed.rank() == 1 else kl
 
         def masked_whiten(x, mask, *args, **kwargs):
             y = real_whiten(x, mask, *args, **kwargs)
@@ -187,7 +184,7 @@ def run_job(mode, out, script, argv) -> bool:
         def generate(model, prompt_ids, *args, **kwargs):
             record["generate_rows"] = max(record["generate_rows"], len(prompt_ids))
             return real_generate(model, prompt_ids, *args, **kwargs)
-        for name, value in (("policy_loss", policy_loss), ("masked_whiten", masked_whiten)):
+        for name, value in (("approx_kl", approx_kl), ("masked_whiten", masked_whiten)):
             patch(losses, name, value)  # the trainer's loss and advantages come from losses.py
         patch(ppo_trainer, "generate", generate)
         patch(ppo_trainer.PPOTrainer, "learn", learn)

@@ -88,12 +88,12 @@ def test_grpo_sequence_mean_favours_long_wrong_and_short_right_responses():
     lp = torch.zeros(2, 8, requires_grad=True)
     mask = torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6])  # long, short
     adv = torch.tensor([[-1.0] * 8, [-1.0] * 8])               # both wrong
-    loss, _, _ = policy_loss(lp, lp.detach(), adv * mask, mask, 0.2, "sequence")
+    loss, _ = policy_loss(lp, lp.detach(), adv * mask, mask, 0.2, "sequence")
     loss.backward()
     g = lp.grad.clone()
     assert g[0, 0] == pytest.approx(g[1, 0] / 4)  # 1/8 per token vs 1/2: the long one is spared
     lp.grad = None
-    loss, _, _ = policy_loss(lp, lp.detach(), adv * mask, mask, 0.2, "budget", budget=8)
+    loss, _ = policy_loss(lp, lp.detach(), adv * mask, mask, 0.2, "budget", budget=8)
     loss.backward()
     assert lp.grad[0, 0] == pytest.approx(lp.grad[1, 0].item())
 

@@ -2,6 +2,7 @@
 is the same update as the whole minibatch at once, for every loss the trainer forms (token,
 sequence and budget reductions, the KL in the loss, the entropy bonus, a shared or separate
 critic, ptx), and stops early on the same approx-KL."""
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +17,7 @@ from test_ppo_trainer import Cfg, make_trainer, prompts
 @dataclass
 class SliceCfg(Cfg):
     learn_batch_size: int = 0
+    ratio: str = "token"
 
 
 def learnt(cfg, shared=True, critic_free=False, ptx_data=None):
@@ -44,7 +46,9 @@ def learnt(cfg, shared=True, critic_free=False, ptx_data=None):
     (dict(algo="grpo", group_size=4), True, True),                       # budget sum
     (dict(algo="grpo", group_size=4, grpo_norm="grpo", kl_in="loss"), True, True),  # sequence, k3
     (dict(algo="rloo", group_size=4, entropy_coef=0.05), True, True),
-], ids=["ppo-shared", "ppo-separate-entropy", "dr-grpo", "grpo-std-kl-loss", "rloo-entropy"])
+    (dict(algo="grpo", group_size=4, ratio="sequence"), True, True),     # GSPO's sequence ratio
+], ids=["ppo-shared", "ppo-separate-entropy", "dr-grpo", "grpo-std-kl-loss", "rloo-entropy",
+        "gspo"])
 def test_slices_learn_what_the_whole_minibatch_learns(options, shared, critic_free):
     base = dict(minibatch_size=8, ppo_epochs=2, actor_lr=1e-2, critic_lr=1e-2, **options)
     whole, whole_stats = learnt(SliceCfg(**base), shared, critic_free)
@@ -74,3 +78,22 @@ def test_a_learn_batch_that_does_not_divide_the_minibatch_is_refused(tmp_path, c
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"),
                                                   "--minibatch_size", "16", "--learn_batch_size", "5"])
     assert "--learn_batch_size 5 must divide" in line, line
+
+
+def test_approx_kl_over_slices_is_the_whole_minibatchs_for_every_policy_loss():
+    """Two slices of two rows: one of 1 token a row (log-ratios -0.5 and 0.4), one of 3 tokens
+    a row, unmoved. Over the 8 tokens: (k3(-0.5) + k3(0.4)) / 8 = 0.0248, k3(x) = e^x - 1 - x.
+    Each slice divides by the whole minibatch's count / 2 slices (what the trainer passes) and
+    the trainer adds each slice's figure / 2; a slice-mean would give 0.0496 instead."""
+    from mingpt_rlhf.losses import LossSpec, actor_loss
+    k3 = lambda x: math.exp(x) - 1 - x
+    whole_kl = (k3(-0.5) + k3(0.4)) / 8
+    moved = [torch.tensor([[-0.5, 0, 0], [0.4, 0, 0]]), torch.zeros(2, 3)]
+    masks = [torch.tensor([[1.0, 0, 0], [1.0, 0, 0]]), torch.ones(2, 3)]
+    for spec in (LossSpec(), LossSpec(advantages="dr_grpo", policy_loss="sequence",
+                                      reduction="sequence")):
+        sliced = sum(actor_loss(lp, torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3),
+                                torch.ones(2, 3) * m, m, spec, 0.0, 3, tokens=torch.tensor(4.0)
+                                )[1]["approx_kl"].item() / 2 for lp, m in zip(moved, masks))
+        assert sliced == pytest.approx(whole_kl, rel=1e-5), spec.policy_loss
+        assert whole_kl == pytest.approx(0.0248, abs=1e-4)

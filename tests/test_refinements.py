@@ -37,7 +37,7 @@ def test_gspo_clips_one_ratio_per_sequence():
     new = torch.tensor([[0.05, 0.25], [-0.2, 5.0]], requires_grad=True)  # 5.0: padding, masked
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, 2.0])
-    loss, clipfrac, _ = sequence_policy_loss(new, old, adv, mask, 0.1, 0.1)
+    loss, clipfrac = sequence_policy_loss(new, old, adv, mask, 0.1, 0.1)
     s2 = math.exp(-0.2)
     assert loss.item() == pytest.approx((-1.1 - 2 * s2) / 2, abs=1e-6)
     assert clipfrac.item() == 0.5
@@ -60,7 +60,7 @@ def test_gspo_ratio_is_the_geometric_mean_of_a_long_sequences_token_ratios():
     new = torch.tensor([[0.02, -0.01, 0.05], [0.1, -0.3, 9.0]], requires_grad=True)  # 9.0: padding
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([1.5, -1.0])
-    loss, clipfrac, _ = sequence_policy_loss(new, old, adv, mask, 0.05, 0.1)
+    loss, clipfrac = sequence_policy_loss(new, old, adv, mask, 0.05, 0.1)
     s1 = math.exp(0.02)
     assert loss.item() == pytest.approx((-1.5 * s1 + 0.95) / 2, abs=1e-6)
     assert clipfrac.item() == 0.5

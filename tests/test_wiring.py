@@ -213,7 +213,7 @@ def test_ppo_options_reach_the_loss_and_gradient_of_a_minibatch(critic):
     inputs, targets = seen["ptx"]
     lp, ent, hidden = by_hand_logprobs(actor, exp.sequences, exp.attention_mask, T, 0.8)
     lp = lp * m
-    pg, _, _ = policy_loss(lp, exp.logprobs, advantages, m, cfg.clip_range)
+    pg, _ = policy_loss(lp, exp.logprobs, advantages, m, cfg.clip_range)
     loss = pg - 0.05 * masked_mean(ent, m) + 0.3 * by_hand_ptx_loss(actor, inputs, targets)
     params = list(actor.parameters())
     if critic == "shared":
@@ -263,7 +263,7 @@ def test_critic_free_options_reach_the_loss_and_gradient(algo, norm, kl_in):
     assert advantages.abs().max() > 0.1
 
     seen, actor, lp, ent = learn_one_minibatch(tr, exp, temperature=0.8)
-    pg, _, _ = policy_loss(lp, exp.logprobs, advantages, m, cfg.clip_range, how, cfg.max_new_tokens)
+    pg, _ = policy_loss(lp, exp.logprobs, advantages, m, cfg.clip_range, how, cfg.max_new_tokens)
     loss = pg - 0.05 * masked_mean(ent, m)
     if kl_in == "loss":
         loss = loss + 0.2 * reduce_tokens(k3_kl(lp, exp.ref_logprobs), m, how, cfg.max_new_tokens)
