@@ -26,7 +26,7 @@ The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the i
 
 Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
 pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
-minibatch_steps, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
+minibatch_steps, early_stop_kl, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
 --dynamic_sampling: dropped_groups, rollouts, kept_rows; with --sampler_lag or --offpolicy:
 mismatch_kl, mismatch_abs, is_cut; with an ensemble of reward models: ens_std; with
 --heldout_rm_dir: heldout_gap; the reward-hacking signals signal_* and hacking_warning
@@ -65,7 +65,7 @@ from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.rl_options import check_config, check_online_dpo  # noqa: F401 (tests call them here)
 from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.report import comparison_lines, report_of_run
+from mingpt_rlhf.report import comparison_lines, report_of_run, update_counts, update_lines
 from mingpt_rlhf.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, trainable
@@ -384,6 +384,22 @@ def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
             decode_rows(tokenizer, exp.sequences[:, :T], exp.attention_mask[:, :T]))
 
 
+def idle_update_warning(stats: dict, step: int, cfg: Config) -> str:
+    """The line printed the first time an iteration's update takes no optimizer step, with
+    its cause: an iteration that learned nothing must not pass unseen."""
+    if stats["early_stop_kl"] > 0:
+        cause = (f"its first minibatch's approx-KL {stats['early_stop_kl']:.4g} already passed "
+                 f"--target_kl {cfg.target_kl:g} before any step (it is measured from the "
+                 f"learner's own log-probs, so the scoring and the learning pass disagree: "
+                 f"compare --dtype float32, or raise --target_kl)")
+    elif "kept_rows" in stats and stats["kept_rows"] == 0:
+        cause = "dynamic sampling kept no group with a signal (every group's scores tied)"
+    else:
+        cause = "every loss was non-finite (see skipped_updates)"
+    return (f"warning: iteration {step}'s update took no optimizer step: {cause}. The run's "
+            f"closing lines count such updates")
+
+
 def share_of_process(cfg: Config, world: int) -> Config:
     """The sizes one process works with under torchrun: its share of every rollout batch and
     of every minibatch (whole GRPO / RLOO groups). One process: `cfg` itself."""
@@ -622,6 +638,7 @@ def main(cfg: Config) -> dict:
     if step == 0 and is_main():
         initial = evaluate(0)
     first_step = step  # this process's first iteration, resumed or not (the missing-EOS warning)
+    idle_warned = False  # an update that took no step is said once; the closing lines count them
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc=cfg.algo,
                dynamic_ncols=True, disable=not is_main())
     for step in bar:
@@ -651,6 +668,9 @@ def main(cfg: Config) -> dict:
         if message and is_main():
             tqdm.write(message)
         log.log(step + 1, **stats)
+        if stats["minibatch_steps"] == 0 and not idle_warned and is_main():
+            idle_warned = True
+            tqdm.write(idle_update_warning(stats, step + 1, cfg))
         if step == first_step and is_main() and not cfg.env and cfg.penalize_missing_eos \
                 and stats["eos_rate"] < 0.1:
             tqdm.write(f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
@@ -679,10 +699,14 @@ def main(cfg: Config) -> dict:
 
     final = evaluate(cfg.max_iters) if is_main() else {}
     save(cfg.max_iters)
-    summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates)
+    updates = update_counts(read_metrics(log.path)) if is_main() else {}
+    summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates,
+                      **{k: v for k, v in updates.items() if k != "iterations"})
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if initial:
         print("\n".join(comparison_lines(initial, final, cfg.algo, "episodes" if cfg.env else "prompts")))
+    if updates:
+        print("\n".join(update_lines(updates)))
     picture_of_run(cfg.out_dir)
     report_of_run(cfg.out_dir)  # report.html: curves and recorded tokens, opens in a browser
     shutdown()

@@ -192,12 +192,14 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
 
 
 def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action_mask,
-               spec: LossSpec, kl_coef: float, budget: int, tokens=None):
+               spec: LossSpec, kl_coef: float, budget: int, tokens=None, start_logprobs=None):
     """(loss, figures) of one minibatch: the surrogate, minus the entropy bonus, plus kl_coef x
     the KL estimate when the KL is in the loss. logprobs, entropy: (B, N) of the policy
     learning, with gradients; the rest as stored at sampling time. `tokens`: see
-    `distributed.tokens_per_rank`. figures: pg_loss, clipfrac, approx_kl, policy_entropy and
-    kl_loss (with the KL in the loss), as tensors."""
+    `distributed.tokens_per_rank`. `start_logprobs`: the learner's log-probs as the update
+    started (Experience.start_logprobs; default `old_logprobs`), which approx-KL is taken
+    against. figures: pg_loss, clipfrac, approx_kl, policy_entropy and kl_loss (with the KL
+    in the loss), as tensors."""
     # past EOS the response is PAD, whose log-prob is the most negative float: keep it out of
     # every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
     logprobs = torch.where(action_mask.bool(), logprobs, 0.0)
@@ -206,7 +208,9 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
     entropy = masked_mean(entropy, action_mask, tokens=tokens)
     loss = pg_loss - spec.entropy_coef * entropy
     # one measure of the update's move for every policy loss, the early stop's
-    moved = approx_kl(logprobs, old_logprobs, action_mask, tokens)
+    # (against where this update started, not a lagging sampler: its gap is not a move)
+    moved = approx_kl(logprobs, old_logprobs if start_logprobs is None else start_logprobs,
+                      action_mask, tokens)
     figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": moved,
                "policy_entropy": entropy}
     if spec.kl_in == "loss":

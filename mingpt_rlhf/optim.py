@@ -50,9 +50,9 @@ class Optimizer:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def step(self) -> None:
+    def step(self) -> bool:
         """Average the gradients over the ranks (under torchrun), unscale (float16), clip,
-        step, and zero the gradients."""
+        step, and zero the gradients. False when float16's overflow check skipped the step."""
         average_gradients(self.params)  # every rank takes the same step (distributed.py)
         if self.scaler is not None:
             self.scaler.unscale_(self.adamw)  # clip the true gradients, not the scaled ones
@@ -62,10 +62,13 @@ class Optimizer:
             scale = self.scaler.get_scale()
             self.scaler.step(self.adamw)  # skipped when a gradient is inf or NaN ...
             self.scaler.update()
-            self.skipped += self.scaler.get_scale() < scale  # ... and then the scale is lowered
+            overflowed = self.scaler.get_scale() < scale  # ... and then the scale is lowered
+            self.skipped += overflowed
         else:
             self.adamw.step()
+            overflowed = False
         self.adamw.zero_grad(set_to_none=True)
+        return not overflowed
 
     def discard(self) -> None:
         """Drop the gradients gathered so far without a step (an update stopped early)."""

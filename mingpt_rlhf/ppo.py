@@ -79,6 +79,14 @@ class Experience:
     advantages: torch.Tensor      # (B, N) GAE, whitened over real tokens
     returns: torch.Tensor         # (B, N) advantages (before whitening) + values
     scores: torch.Tensor          # (B,) reward-model score used (clipped; penalty if no EOS)
+    # (B, N) the learner's own log-probs as the update starts: approx-KL (the early stop)
+    # measures the update's move from them. They are `logprobs` itself unless an off-policy
+    # correction takes the ratio against a lagging sampler (offpolicy.py: clip, gspo)
+    start_logprobs: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.start_logprobs is None:
+            self.start_logprobs = self.logprobs
 
     @property
     def prompt_len(self) -> int:
@@ -119,7 +127,7 @@ def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
         parts["sequences"].append(F.pad(b.sequences, (left, right), value=pad_id))
         parts["attention_mask"].append(F.pad(b.attention_mask, (left, right)))
         for name in ["action_mask", "logprobs", "ref_logprobs", "values", "rewards",
-                     "advantages", "returns"]:
+                     "advantages", "returns", "start_logprobs"]:
             parts[name].append(F.pad(getattr(b, name), (0, right)))
         parts["scores"].append(b.scores)
     return Experience(**{k: torch.cat(v) for k, v in parts.items()})
@@ -183,7 +191,10 @@ class ReplayBuffer:
     def minibatches(self, size: int, generator: torch.Generator | None = None, unit: int = 1):
         """One epoch: every item exactly once, in a fresh random order (the last minibatch is
         smaller when `size` does not divide the number of items). `unit` > 1 shuffles runs of
-        that many consecutive items that stay together (online DPO's pairs)."""
+        that many consecutive items that stay together (online DPO's pairs). An empty buffer
+        yields none."""
+        if len(self) == 0:
+            return
         if self.items is None:
             self.items = align_and_cat(self.batches, self.pad_id)
         order = torch.randperm(len(self) // unit, generator=generator)

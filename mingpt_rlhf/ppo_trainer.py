@@ -413,7 +413,7 @@ class PPOTrainer:
         rewards, advantages, returns = experience_advantages(
             placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update, weights)
         exp = Experience(seqs, attn, action_mask, old_logprobs, ref_logprobs, values, rewards,
-                         advantages, returns, scores)
+                         advantages, returns, scores, start_logprobs=logprobs)
 
         stats = {
             "rm_score": raw.mean().item(),
@@ -459,29 +459,29 @@ class PPOTrainer:
         """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
         minibatches and picks the ptx batches. Each minibatch is one optimizer step; with
         `cfg.learn_batch_size` its forward and backward passes run on slices of that many
-        rows, their gradients summed (`slices`)."""
+        rows, their gradients summed (`slices`). The figures are means over every minibatch
+        whose loss was computed, the one that stopped the update included, so an iteration
+        that took no step still logs them; `minibatch_steps` counts the steps taken, and
+        `early_stop_kl` is the approx-KL that stopped the update (0 when none did)."""
         cfg = self.cfg
         t0 = time.time()
-        totals, n = {}, 0
-        if len(self.buffer) == 0:  # dynamic sampling kept nothing: no update this iteration
-            return {"minibatch_steps": 0, "skipped_updates": self.skipped_updates, "t_learn": 0.0}
-        stopped = False
+        totals, counts, steps, stop_kl = {}, {}, 0, 0.0
         for epoch in range(cfg.ppo_epochs):
             unit = 2 if self.spec.policy_loss == "dpo" else 1  # online DPO's pairs stay whole
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator, unit):
-                figures = self._learn_minibatch(mb, generator)
-                if figures is None:  # the early stop on approx-KL
-                    stopped = True
-                    break
+                figures, stepped, stop_kl = self._learn_minibatch(mb, generator)
                 for k, v in figures.items():  # summed as tensors: no host sync per figure
                     totals[k] = totals.get(k, 0.0) + v.detach().float()
-                n += 1
-            if stopped:
+                    counts[k] = counts.get(k, 0) + 1  # (a stopped minibatch has no vf_loss)
+                steps += stepped
+                if stop_kl:
+                    break
+            if stop_kl:
                 break
-        self.buffer.clear()
-        stats = {k: v.item() / n for k, v in totals.items()}
-        stats.update(minibatch_steps=n, skipped_updates=self.skipped_updates,
-                     t_learn=time.time() - t0)
+        self.buffer.clear()  # (dynamic sampling may have kept nothing: no minibatch at all)
+        stats = {k: v.item() / counts[k] for k, v in totals.items()}
+        stats.update(minibatch_steps=steps, early_stop_kl=stop_kl,
+                     skipped_updates=self.skipped_updates, t_learn=time.time() - t0)
         return stats
 
     def slices(self, mb: Experience) -> list[Experience]:
@@ -498,10 +498,12 @@ class PPOTrainer:
         return [mb.select(torch.arange(i, i + size, device=mb.scores.device)).trimmed()
                 for i in range(0, rows, size)]
 
-    def _learn_minibatch(self, mb: Experience, generator=None) -> dict | None:
+    def _learn_minibatch(self, mb: Experience, generator=None) -> tuple[dict, bool, float]:
         """One optimizer step on a minibatch (and one of the separate critic): forward and
-        backward over its slices, then the step. Returns the step's figures, or None when the
-        minibatch's approx-KL to the sampling policy passed cfg.target_kl (no step taken)."""
+        backward over its slices, then the step. Returns the figures, whether the actor
+        stepped, and the approx-KL that stopped the update here (0.0 when it did not): when
+        the minibatch's approx-KL to where the update started passes cfg.target_kl, no step
+        is taken and the update ends."""
         cfg = self.cfg
         parts = self.slices(mb)
         k = len(parts)
@@ -523,7 +525,8 @@ class PPOTrainer:
             # the surrogate - the entropy bonus (+ the KL, in the loss): losses.py
             loss, part_figures = actor_loss(
                 logprobs, entropy, part.logprobs, part.ref_logprobs, part.advantages,
-                part.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens)
+                part.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens,
+                part.start_logprobs)
             if self.value_head is not None:  # shared trunk: one loss, one optimizer
                 vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
                                      cfg.clip_range_value, tokens)
@@ -542,12 +545,14 @@ class PPOTrainer:
                 figures[name] = figures.get(name, 0.0) + v.detach().float() / k
         # under torchrun and over slices: the whole minibatch's approx-KL, one decision for
         # every rank, taken before the step (the weights have not moved since the forward)
-        if cfg.target_kl > 0 and mean_over_ranks({"kl": figures["approx_kl"].item()})["kl"] > cfg.target_kl:
-            # the policy already moved this far from the one that sampled the batch: stop the
-            # update here, before this minibatch moves it further
+        kl = mean_over_ranks({"kl": figures["approx_kl"].item()})["kl"] if cfg.target_kl > 0 else 0.0
+        if kl > cfg.target_kl:
+            # the policy already moved this far from where the update started: stop the update
+            # here, before this minibatch moves it further
             self.actor_opt.discard()
-            return None
-        self._finish(self.actor_opt, finite)
+            figures.setdefault("ptx_loss", torch.zeros(()))
+            return figures, False, kl
+        stepped = self._finish(self.actor_opt, finite)
         if self.critic is not None:
             finite = True
             for part in parts:
@@ -561,15 +566,16 @@ class PPOTrainer:
                 figures["vf_loss"] = figures.get("vf_loss", 0.0) + vf_loss.detach().float() / k
             self._finish(self.critic_opt, finite)
         figures.setdefault("ptx_loss", torch.zeros(()))
-        return figures
+        return figures, stepped, 0.0
 
-    def _finish(self, optimizer: Optimizer, finite: bool) -> None:
+    def _finish(self, optimizer: Optimizer, finite: bool) -> bool:
         """The step after the slices' backward passes; a non-finite loss in any of them skips
-        it (better than writing NaN into the weights), and counts it so the log shows it."""
+        it (better than writing NaN into the weights), and counts it so the log shows it.
+        Whether the step was taken."""
         if finite:
-            optimizer.step()
-        else:
-            optimizer.skip()
+            return optimizer.step()
+        optimizer.skip()
+        return False
 
     @property
     def skipped_updates(self) -> int:

@@ -53,6 +53,30 @@ def comparison_lines(initial: dict, final: dict, algo: str, held: str = "prompts
     return lines
 
 
+def update_counts(rows: list[dict]) -> dict:
+    """How the run's updates went, from its training lines: `iterations`, `early_stops` (the
+    approx-KL early stop, --target_kl, ended the update before its last minibatch) and
+    `idle_updates` (the update took no optimizer step at all: stopped before its first step,
+    dynamic sampling kept no group, or every loss was non-finite). An idle update is an
+    iteration the run did not learn from."""
+    train = [r for r in rows if "minibatch_steps" in r and "split" not in r and not r.get("final")]
+    return {"iterations": len(train),
+            "early_stops": sum(r.get("early_stop_kl", 0) > 0 for r in train),
+            "idle_updates": sum(r["minibatch_steps"] == 0 for r in train)}
+
+
+def update_lines(counts: dict) -> list[str]:
+    """The closing lines on the updates (`update_counts`): how many the early stop cut short,
+    and a warning when some took no step."""
+    n = counts["iterations"]
+    lines = [f"updates: {counts['early_stops']} of {n} stopped early by --target_kl"]
+    if counts["idle_updates"]:
+        lines.append(f"warning: {counts['idle_updates']} of {n} updates took no optimizer step "
+                     f"(see minibatch_steps and early_stop_kl in metrics.jsonl): the run learned "
+                     f"from fewer iterations than it ran")
+    return lines
+
+
 def cut_short(path: str) -> bool:
     """Whether the log at `path` ends in a half-written line (every whole line ends in a
     newline; a run killed while appending leaves one without)."""
@@ -130,6 +154,7 @@ def read_report_run(folder: str) -> dict:
         algo = (options or {}).get("algo") or "RL"
         held = "episodes" if "turns" in evals[0] else "prompts"
         comparison = comparison_lines(evals[0], finals[-1], algo, held)
+        comparison += update_lines(update_counts(rows))
     elif not finals:
         missing.append("no final line in metrics.jsonl: the run has not finished (or was "
                        "killed); the curves show where it got to")

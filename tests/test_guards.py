@@ -244,3 +244,13 @@ def test_a_bf16_lora_ppo_run_saves_the_sft_weights_plus_its_adapters(stages, tmp
             a, b = adapters[k.replace("weight", "lora_A")], adapters[k.replace("weight", "lora_B")]
             expected = expected + (8.0 / 4) * (b.float() @ a.float())
         torch.testing.assert_close(saved.float(), expected, atol=1e-7, rtol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("stats,cause", [
+    ({"minibatch_steps": 0, "early_stop_kl": 0.05}, "approx-KL 0.05 already passed --target_kl 0.02"),
+    ({"minibatch_steps": 0, "early_stop_kl": 0.0, "kept_rows": 0}, "dynamic sampling kept no group"),
+    ({"minibatch_steps": 0, "early_stop_kl": 0.0}, "every loss was non-finite"),
+])
+def test_an_update_that_took_no_step_is_said_with_its_cause(stats, cause):
+    line = train_ppo.idle_update_warning(stats, 7, train_ppo.Config())
+    assert line.startswith("warning: iteration 7's update took no optimizer step") and cause in line

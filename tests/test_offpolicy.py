@@ -166,3 +166,27 @@ def test_resume_at_the_largest_lag_is_exact(stages, tmp_path):
 def test_impossible_lag_options_exit_2(tmp_path, capsys, argv, needle):
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), *argv])
     assert needle in line, line
+
+
+@pytest.mark.parametrize("name", list(OFFPOLICY))
+def test_the_early_stop_measures_the_update_not_the_samplers_lag(name):
+    """approx-KL, which stops an update past --target_kl, is the move from where the update
+    started (the learner's own pass), for every correction. Measured against the sampler (the
+    ratio's denominator under clip and gspo), a lag alone could pass the target before any
+    step: with this trainer, clip then stepped [1, 0, 1, 0] times in 4 iterations and logged
+    no approx_kl for the idle ones. Every iteration's first minibatch now steps, and every
+    iteration logs its figures and the approx-KL that stopped it."""
+    tr = make_trainer(ppo_trainer.resolve_auto_options(
+        LagCfg(algo="grpo", group_size=4, sampler_lag=1, offpolicy=name, target_kl=0.02,
+               actor_lr=3e-2, tis_cap=2.0 if name in ("tis", "mask", "decoupled") else 0.0)),
+        critic_free=True)
+    iterations = [tr.step([grouped_prompts(4, 4, seed=10 + i)], torch.Generator().manual_seed(i))[1]
+                  for i in range(4)]
+    assert all(stats["minibatch_steps"] >= 1 for stats in iterations), \
+        [stats["minibatch_steps"] for stats in iterations]
+    for stats in iterations:
+        assert {"pg_loss", "clipfrac", "approx_kl", "early_stop_kl"} <= set(stats)
+        stopped = stats["minibatch_steps"] < tr.cfg.ppo_epochs * 16 // tr.cfg.minibatch_size
+        assert (stats["early_stop_kl"] > 0.02) == stopped, stats
+    # the sampler's gap alone would have stopped some updates
+    assert max(stats["mismatch_kl"] for stats in iterations) > 0.02

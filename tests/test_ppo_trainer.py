@@ -283,7 +283,9 @@ def test_buffer_is_empty_after_each_update_and_nan_updates_are_skipped():
     tr.buffer.add(dataclasses.replace(exp, advantages=torch.full_like(exp.advantages, float("nan"))))
     before = [p.clone() for p in tr.actor.parameters()]
     stats = tr.learn(torch.Generator().manual_seed(1))
-    assert tr.skipped_updates == stats["minibatch_steps"] == 4 * 2  # 4 epochs x 2 minibatches
+    assert tr.skipped_updates == 4 * 2  # 4 epochs x 2 minibatches, each skipped and counted
+    assert stats["minibatch_steps"] == 0  # steps taken: none (a skipped step is no step)
+    assert stats["pg_loss"] != stats["pg_loss"]  # the NaN loss is logged, not hidden
     assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))
 
 

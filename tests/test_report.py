@@ -194,9 +194,30 @@ def test_the_page_holds_the_numbers_of_the_run_files(ppo_run, tmp_path):
     assert run["options"] == torch.load(folder / "ckpt.pt", weights_only=False)["config"]
     rows = run["rows"]
     start, final = next(r for r in rows if r.get("split") == "eval"), rows[-1]
-    assert run["comparison"] == report.comparison_lines(start, final, "ppo")
+    counts = report.update_counts(rows)
+    assert counts["iterations"] == sum(1 for r in rows if "minibatch_steps" in r and "split" not in r)
+    assert {k: final[k] for k in ("early_stops", "idle_updates")} == \
+        {k: counts[k] for k in ("early_stops", "idle_updates")}  # the summary's, from the same rows
+    assert run["comparison"] == (report.comparison_lines(start, final, "ppo")
+                                 + report.update_lines(counts))
     assert run["comparison"][1].startswith("  gold ") and run["missing"] == []
     assert "src=" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_updates_that_took_no_step_are_counted_and_warned():
+    rows = [{"step": 1, "minibatch_steps": 16, "early_stop_kl": 0.0},
+            {"step": 2, "minibatch_steps": 3, "early_stop_kl": 0.031},
+            {"step": 3, "minibatch_steps": 0, "early_stop_kl": 0.05},
+            {"step": 3, "split": "eval", "gold": 0.5},
+            {"step": 4, "minibatch_steps": 0, "early_stop_kl": 0.0},    # e.g. nothing kept
+            {"step": 4, "final": True, "minibatch_steps": 0}]
+    counts = report.update_counts(rows)
+    assert counts == {"iterations": 4, "early_stops": 2, "idle_updates": 2}
+    lines = report.update_lines(counts)
+    assert lines[0] == "updates: 2 of 4 stopped early by --target_kl"
+    assert lines[1].startswith("warning: 2 of 4 updates took no optimizer step")
+    assert report.update_lines({"iterations": 4, "early_stops": 0, "idle_updates": 0}) == \
+        ["updates: 0 of 4 stopped early by --target_kl"]
 
 
 def test_the_kl_legend_says_what_the_penalty_charges_for_the_runs_placement(ppo_run, tmp_path):
