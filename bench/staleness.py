@@ -17,8 +17,10 @@ final eval's gold, rm_score and kl on the 200 held-out prompts. Sort: from its S
 the default 200 iterations, the final eval's gold (the share sorted right) and gold_unseen.
 Along each run: the eval curve (summarised as gold_along, the mean gold of its evals after the
 start, and gold_low, the lowest: a run can fall and recover by its end), the training means of
-mismatch_kl (the gap between sampler and learner), clipfrac and is_cut (the share of tokens
-whose weight the cap cut or the mask dropped).
+mismatch_kl (the gap between sampler and learner), clipfrac, is_cut (the share of tokens
+whose weight the cap cut or the mask dropped), approx_kl and minibatch_steps, and from the
+final line the updates the approx-KL early stop cut short (early_stops) and those that took no
+optimizer step at all (idle_updates).
 
 What an asynchronous sampler would save is a model, not a measurement: from the lag-0 run's
 own seconds per iteration of sampling (t_generate) and of the rest (scoring and learning),
@@ -58,7 +60,9 @@ TASKS = {  # name: (train_ppo options, the final eval's figures kept)
     "reviews_rm": (dict(task="reviews", reward="rm", max_iters=100), ("gold", "rm_score", "kl")),
     "sort": (dict(task="sort", reward="task"), ("gold", "gold_unseen", "kl")),
 }
-TRAINED = ("mismatch_kl", "clipfrac", "is_cut", "t_generate", "t_score", "t_learn")
+TRAINED = ("mismatch_kl", "clipfrac", "is_cut", "approx_kl", "minibatch_steps", "t_generate",
+           "t_score", "t_learn")
+UPDATES = ("early_stops", "idle_updates")  # from the final line: updates cut short, or not taken
 
 
 def corrections(algo: str, lag: int) -> list[str]:
@@ -89,7 +93,7 @@ def run(seed: int, root: str, task: str, algo: str, lag: int, correction: str) -
                                     seed=seed, algo=algo, sampler_lag=lag,
                                     offpolicy="auto" if lag == 0 else correction, **options))
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
-    figures = {k: rows[-1][k] for k in kept if k in rows[-1]}
+    figures = {k: rows[-1][k] for k in (*kept, *UPDATES) if k in rows[-1]}
     figures["seconds"] = round(time.time() - start, 1)
     train = [r for r in rows if "minibatch_steps" in r]
     for k in TRAINED:
