@@ -36,8 +36,8 @@ import torch
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
 from .distributed import tokens_per_rank
 from .online_dpo import pair_loss, preference_signs, preferred_pairs
-from .ppo import (REDUCTIONS, approx_kl, gae, masked_mean, masked_whiten, policy_loss,
-                  reduce_tokens)
+from .ppo import (REDUCTIONS, approx_kl, gae, kl_shaped_rewards, masked_mean, masked_whiten,
+                  policy_loss, reduce_tokens)
 from .refinements import reinforce_pp_advantages, sequence_policy_loss
 
 
@@ -176,8 +176,8 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
     rewards = placed
     # online DPO ranks its pairs by the score alone: its KL to the reference is DPO's beta
     if spec.kl_in == "reward" and spec.advantages != "preference":
-        penalty = KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs) * action_mask
-        rewards = placed - kl_coef * penalty
+        rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef,
+                                    KL_ESTIMATORS[spec.kl_estimator])
     grouped = spec.advantages in GROUP_BASELINES
     if grouped and not for_update:
         advantages, returns = torch.zeros_like(rewards), torch.zeros_like(values)

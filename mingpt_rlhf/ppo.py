@@ -134,10 +134,14 @@ def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
 
 
 # ----------------------------------------------------------------------------- rewards, GAE
-def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: float):
+def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: float,
+                      estimator=None):
     """(B, N) rewards: -kl_coef * (logp - ref_logp) per token, + score on the last real token.
-    `scores` (B,), or (B, N) rewards already placed (an episode's, on each turn's last action)."""
-    rewards = -kl_coef * (logprobs - ref_logprobs) * action_mask
+    `scores` (B,), or (B, N) rewards already placed (an episode's, on each turn's last action).
+    `estimator(logprobs, ref_logprobs) -> (B, N)`: another per-token estimate of the KL to
+    charge instead of k1's logp - ref_logp (losses.KL_ESTIMATORS)."""
+    kl = logprobs - ref_logprobs if estimator is None else estimator(logprobs, ref_logprobs)
+    rewards = -kl_coef * kl * action_mask
     if scores.dim() == 2:
         return rewards + scores * action_mask
     last = last_action_index(action_mask)

@@ -61,6 +61,25 @@ def test_score_on_last_real_token_and_nothing_after_eos():
     assert (adv[0, 3:] == 0).all() and (ret[0, 3:] == 0).all()
 
 
+def test_the_trainer_shapes_its_rewards_with_kl_shaped_rewards(monkeypatch):
+    """One implementation of the reward PPO sees: training calls ppo.kl_shaped_rewards (with
+    the run's KL estimator), so a change to it reaches the trainer. k2 by hand on the first
+    row above: 0.5 x (-0.5)^2 = 0.125 and 0.5 x 1^2 = 0.5, times -0.1, plus the score."""
+    from mingpt_rlhf import losses
+    from mingpt_rlhf.losses import KL_ESTIMATORS, LossSpec, experience_advantages
+    mask = torch.tensor([[1.0, 1, 1, 0, 0]])
+    logprobs, ref = torch.tensor([[-1.0, -2, -1, 0, 0]]), torch.tensor([[-1.5, -1, -1, 0, 0]])
+    k2 = kl_shaped_rewards(torch.tensor([3.0]), logprobs, ref, mask, 0.1, KL_ESTIMATORS["k2"])
+    torch.testing.assert_close(k2, torch.tensor([[-0.0125, -0.05, 3.0, 0, 0]]))
+    calls = []
+    monkeypatch.setattr(losses, "kl_shaped_rewards",
+                        lambda *a: calls.append(a) or torch.full_like(a[0], 7.0))
+    placed = torch.tensor([[0.0, 0, 3.0, 0, 0]])
+    rewards, _, _ = experience_advantages(placed, logprobs, ref, torch.zeros(1, 5), mask,
+                                          LossSpec(kl_estimator="k2"), 0.1)
+    assert len(calls) == 1 and calls[0][-1] is KL_ESTIMATORS["k2"] and (rewards == 7.0).all()
+
+
 def test_whitening_over_real_tokens_only():
     x = torch.tensor([[1.0, 2, 3, 100], [4, 5, 6, 7]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 1, 1]])
