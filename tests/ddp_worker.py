@@ -111,6 +111,7 @@ def minibatch_gradients(setting: str) -> dict:
             for i, p in enumerate(opt.params):
                 grads[f"{name}.{i}"] = p.grad.clone()
             opt.adamw.zero_grad(set_to_none=True)
+            return True  # (a step "taken", as Optimizer.step says)
         opt.step = capture
     trainer.learn(torch.Generator().manual_seed(0))
     return grads
