@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .data import left_pad
@@ -116,6 +117,24 @@ def environment_figures(env_class, transcripts, returns: list[float]) -> dict:
                         f"{_first_line(e)}; fix the environment") from None
 
 
+def truth_value(value, what: str) -> bool:
+    """`value` as Python's bool, or a UserError naming `what` and the value's type. Taken:
+    Python's bool, numpy's (numpy.bool_, what comparing numpy numbers gives) and a 0-d bool
+    tensor, as a reward may be numpy's or torch's number. Refused: anything else, numbers
+    included (is 2 done?). The type is named with its module: numpy 2 calls its bool `bool`,
+    and "done is a bool, not a bool" would say nothing."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.bool:
+        return bool(value.item())
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(value, torch.Tensor):
+        name += f" of {str(value.dtype).replace('torch.', '')} and shape {tuple(value.shape)}"
+    raise UserError(f"{what} is a {name} ({str(value)[:40]}), not a bool; return True or False "
+                    f"(a 0-d bool tensor or numpy's bool are taken too)")
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else "(no message)"
@@ -160,9 +179,7 @@ class Env:
             raise UserError(f"environment {self.name}: step's reply is a "
                             f"{type(reply).__name__}, not a str {where}")
         reward = real_number(reward, f"environment {self.name}: step's reward {where}")
-        if not isinstance(done, bool):
-            raise UserError(f"environment {self.name}: step's done is a {type(done).__name__}, "
-                            f"not a bool {where}")
+        done = truth_value(done, f"environment {self.name}: step's done {where}")
         return reply, reward, done
 
     def encode(self, tokenizer, text: str, what: str) -> list[int]:

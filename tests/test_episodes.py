@@ -592,6 +592,39 @@ def test_an_environments_reward_that_is_no_finite_number_is_refused_naming_its_t
     assert "(episode seed 3, turn 1)" in line, line
 
 
+def env_ending(done):
+    """An environment whose every step answers `done`."""
+    class E:
+        def reset(self, seed):
+            return "guess"
+
+        def step(self, action):
+            return "higher", 0.0, done
+    env = episodes.Env(E, "e.py:E", seed=3)
+    env.reset()
+    return env
+
+
+@pytest.mark.parametrize("done,expected", [
+    (True, True), (False, False), (np.bool_(True), True), (np.int64(3) > 2, True),
+    (torch.tensor(False), False), (torch.tensor(5) == 5, True)])
+def test_an_environments_done_may_be_pythons_numpys_or_a_0d_tensors_bool(done, expected):
+    _, _, got = env_ending(done).step("7")
+    assert got is expected
+
+
+@pytest.mark.parametrize("done,words", [
+    (1, "is a int (1)"), (np.int64(1), "is a numpy.int64 (1)"), ("yes", "is a str"),
+    (None, "is a NoneType"), (torch.tensor([True]), "is a torch.Tensor of bool and shape (1,)"),
+    (torch.tensor(1), "is a torch.Tensor of int64 and shape ()")])
+def test_an_environments_done_that_is_no_bool_is_refused_naming_its_type(done, words):
+    with pytest.raises(UserError) as e:
+        env_ending(done).step("7")
+    line = str(e.value)
+    assert words in line and "environment e.py:E: step's done (episode seed 3, turn 1)" in line, line
+    assert "not a bool" in line and "bool, not a bool" not in line, line
+
+
 @pytest.mark.parametrize("spec,words", [("nope.py:E", "no file nope.py"), ("os:Nope", "has no 'Nope'"),
                                         ("chess", "not a built-in environment")])
 def test_an_environment_that_cannot_be_found_is_named(guess_sft, tmp_path, capsys, spec, words):
