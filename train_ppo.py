@@ -165,7 +165,9 @@ class Config:
                                    "each minibatch is learnt in slices of this many, their "
                                    "gradients summed before its one step (the same update, less "
                                    "memory for activations; must divide the minibatch's share; "
-                                   "0 = the whole minibatch at once)")
+                                   "0 = the whole minibatch at once). Not with online_dpo: its "
+                                   "loss is a mean over the pairs that carry a preference, a "
+                                   "count a slice does not know")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty "
                                   "(unless --penalize_missing_eos false)")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")

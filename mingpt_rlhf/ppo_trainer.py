@@ -138,6 +138,12 @@ class PPOTrainer:
         if cfg.actor_lr <= 0 or cfg.ptx_coef < 0:  # a sentinel no one resolved, or a typo
             raise ValueError(f"actor_lr must be > 0 and ptx_coef >= 0 (or -1 for auto), got "
                              f"{cfg.actor_lr} and {cfg.ptx_coef}")
+        if cfg.algo == "online_dpo" and getattr(cfg, "learn_batch_size", 0):
+            # its loss is a mean over the pairs that carry a preference, and a slice knows only
+            # its own count of them: slices holding different counts would weigh their pairs
+            # unevenly, and the summed gradients would not be the whole minibatch's
+            raise ValueError(f"online_dpo learns each minibatch whole: learn_batch_size must be "
+                             f"0, got {cfg.learn_batch_size}")
         if cfg.algo == "ppo":
             assert (critic is None) != (value_head is None), "give a critic or a value head"
         elif cfg.algo == "reinforce++":

@@ -74,6 +74,18 @@ def test_slices_stop_early_where_the_whole_minibatch_does():
     assert len(whole) == len(sliced) == whole_stats["minibatch_steps"]    # no step when stopped
 
 
+def test_online_dpo_refuses_slices_of_a_minibatch():
+    """Its loss is a mean over the pairs with a preference (a tie is kept with signs 0 and
+    counts for nothing); a slice would divide by its own count of them, so 4 pairs in 2
+    slices, one of them tied, would weigh the tied slice's other pair twice as much as each
+    pair of the other slice."""
+    cfg = resolve_auto_options(SliceCfg(algo="online_dpo", group_size=2, minibatch_size=8,
+                                        learn_batch_size=4))
+    with pytest.raises(ValueError, match="online_dpo learns each minibatch whole"):
+        make_trainer(cfg, critic_free=True)
+    make_trainer(resolve_auto_options(SliceCfg(algo="online_dpo", group_size=2)), critic_free=True)
+
+
 def test_a_learn_batch_that_does_not_divide_the_minibatch_is_refused(tmp_path, capsys):
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"),
                                                   "--minibatch_size", "16", "--learn_batch_size", "5"])
