@@ -63,7 +63,7 @@ from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPTConfig, build_empty
-from mingpt_rlhf.rl_options import check_config, check_online_dpo  # noqa: F401 (tests call them here)
+from mingpt_rlhf.rl_options import check_config, check_online_dpo, reads  # noqa: F401 (tests call them here)
 from mingpt_rlhf.plot import picture_of_run
 from mingpt_rlhf.report import comparison_lines, report_of_run, update_counts, update_lines
 from mingpt_rlhf.rollouts import RolloutRecorder
@@ -371,9 +371,10 @@ def prompt_splits(cfg: Config, task) -> tuple[list[dict], list[dict]]:
 
 def require_same_options(cfg: Config, saved: dict, path: str) -> None:
     """A resumed run builds the models the first run built: refuse a changed --reward,
-    --critic or LoRA shape with the value the run was started with."""
+    --critic or LoRA shape with the value the run was started with. An option the run does
+    not read builds nothing (a GRPO run's --critic, which checkpoints saved resolved)."""
     for name in RESUME_FIXED:
-        if name in saved and saved[name] != getattr(cfg, name):
+        if name in saved and saved[name] != getattr(cfg, name) and reads(cfg, name):
             raise UserError(f"{path} was started with --{name} {saved[name]}, not "
                             f"{getattr(cfg, name)}; resume with --{name} {saved[name]}, or "
                             f"start anew in another --out_dir")

@@ -89,9 +89,11 @@ def run(seed: int, root: str, task: str, algo: str, lag: int, correction: str) -
     sft = os.path.join(root, "sort_sft" if task == "sort" else "sft")
     out = os.path.join(root, "staleness", f"{task}_{algo}_lag{lag}_{correction}")
     start = time.time()
+    # online DPO reads no --offpolicy (its loss has no ratio): its "none" is the default's
+    offpolicy = "auto" if lag == 0 or algo == "online_dpo" else correction
     train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, rm_dir=os.path.join(root, "rm"),
-                                    seed=seed, algo=algo, sampler_lag=lag,
-                                    offpolicy="auto" if lag == 0 else correction, **options))
+                                    seed=seed, algo=algo, sampler_lag=lag, offpolicy=offpolicy,
+                                    **options))
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     figures = {k: rows[-1][k] for k in (*kept, *UPDATES) if k in rows[-1]}
     figures["seconds"] = round(time.time() - start, 1)

@@ -2,8 +2,14 @@
 that cannot work is refused with one line that names the fix (a UserError: exit status 2,
 no traceback), and every "auto" that depends on another option is resolved here, so that
 the checkpoint saves the values the run trains with. `train_ppo.main` calls `check_config`
-first; tests call it on a parsed command line, as the script does."""
+first; tests call it on a parsed command line, as the script does.
+
+One rule covers the options that only some runs read (`READ_ONLY_WITH`): set to anything but
+its default where the resolved configuration does not read it, an option is refused, naming
+what it needs, rather than ignored while the user believes it is at work."""
 from __future__ import annotations
+
+import dataclasses
 
 from .cli import require_non_negative, require_positive
 from .ensemble import COMBINE_CHOICES
@@ -13,32 +19,120 @@ from .losses import GROUP_ALGOS
 from .offpolicy import MAX_LAG, OFFPOLICY
 from .ppo_trainer import resolve_auto_options
 
+LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
+NO_RATIO = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss has no ratio to the "
+            "sampler: a lagging sampler changes its pairs, not its loss)")
+
+# option -> (does the resolved config read it?, what it needs: "--X is read only <needs>").
+# An option that every run reads has no row. Its default is never refused, so an "auto"
+# sentinel is safe here; the predicates see the config after every "auto" is resolved.
+READ_ONLY_WITH = {
+    # which method: its own options
+    "group_size": (lambda c: c.algo in GROUP_ALGOS, "with --algo grpo, rloo or online_dpo"),
+    "grpo_norm": (lambda c: c.algo == "grpo", "with --algo grpo"),
+    "dpo_beta": (lambda c: c.algo == "online_dpo", "with --algo online_dpo"),
+    "dpo_loss": (lambda c: c.algo == "online_dpo", "with --algo online_dpo"),
+    "critic": (lambda c: c.algo == "ppo", "with --algo ppo (the others have no critic)"),
+    "critic_lr": (lambda c: c.algo == "ppo", "with --algo ppo (the others have no critic)"),
+    "clip_range_value": (lambda c: c.algo == "ppo", "with --algo ppo (the others have no critic)"),
+    "vf_coef": (lambda c: c.algo == "ppo" and c.critic == "shared",
+                "with --algo ppo and a shared critic (--critic shared, the default without "
+                "--reward rm): a separate critic has its own optimizer"),
+    "lam": (lambda c: c.algo == "ppo", "with --algo ppo (GAE's lambda)"),
+    "gamma": (lambda c: c.algo in ("ppo", "reinforce++"),
+              "with --algo ppo or reinforce++ (the others score whole responses)"),
+    "ratio": (lambda c: c.algo in ("grpo", "rloo"),
+              "with --algo grpo or rloo (GSPO's ratio needs one advantage per response)"),
+    "dynamic_sampling": (lambda c: c.algo in ("grpo", "rloo"),
+                         "with --algo grpo or rloo (online_dpo already learns nothing from a "
+                         "tied group)"),
+    # the PPO family's loss, which online DPO replaces by DPO's
+    "clip_range": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
+    "clip_range_high": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
+    "reduction": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
+    "offpolicy": (lambda c: c.algo != "online_dpo", NO_RATIO),
+    "tis_cap": (lambda c: c.algo != "online_dpo", NO_RATIO),
+    "learn_batch_size": (lambda c: c.algo != "online_dpo",
+                         "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is a "
+                         "mean over the pairs with a preference, which a slice cannot count)"),
+    # where the data and the reward come from
+    "eval_prompts_file": (lambda c: bool(c.prompts),
+                          "with --prompts (the built-in task has its own eval prompts)"),
+    "task": (lambda c: not c.prompts and not c.env, "without --prompts and --env (they replace "
+                                                    "the built-in task)"),
+    "prompts": (lambda c: not c.env, "without --env (episodes start from the environment's "
+                                     "openings)"),
+    "generate_batch_size": (lambda c: not c.env, "without --env (the episodes of a rollout "
+                                                 "batch are played together)"),
+    "max_turns": (lambda c: bool(c.env), "with --env"),
+    "mask_env": (lambda c: bool(c.env), "with --env"),
+    "ptx_data": (lambda c: c.ptx_coef > 0, "with --ptx_coef > 0 (auto: 0.02 for ppo without "
+                                          "--env, else 0)"),
+    "reward_clip": (lambda c: c.reward == "rm", "with --reward rm (a reward from code or an "
+                                                "environment is used as given)"),
+    "ensemble_combine": (lambda c: c.reward == "rm", "with --reward rm"),
+    "uwo_lambda": (lambda c: c.reward == "rm" and c.ensemble_combine == "uwo",
+                   "with --reward rm and --ensemble_combine uwo"),
+    "heldout_rm_dir": (lambda c: c.reward == "rm", "with --reward rm"),
+    # the score of a single response (an episode's rewards are the environment's)
+    "penalize_missing_eos": (lambda c: not c.env, "without --env"),
+    "missing_eos_penalty": (lambda c: not c.env and c.penalize_missing_eos,
+                            "without --env and with --penalize_missing_eos true (the default)"),
+    "overlong_buffer": (lambda c: not c.env and c.penalize_missing_eos,
+                        "without --env and with --penalize_missing_eos true (the default): it "
+                        "is a ramp before that penalty's cliff"),
+}
+
+
+def default_of(cfg, name: str):
+    """The default of option `name` in `cfg`'s dataclass (train_ppo.Config)."""
+    field = next(f for f in dataclasses.fields(cfg) if f.name == name)
+    return field.default
+
+
+def given_options(cfg) -> dict:
+    """The options of READ_ONLY_WITH that `cfg` sets to something other than their default:
+    taken before check_config resolves any "auto"."""
+    return {name: getattr(cfg, name) for name in READ_ONLY_WITH
+            if getattr(cfg, name) != default_of(cfg, name)}
+
+
+def reads(cfg, name: str) -> bool:
+    """Whether a run of the resolved `cfg` reads option `name` (every run reads the options
+    without a row in READ_ONLY_WITH)."""
+    return name not in READ_ONLY_WITH or READ_ONLY_WITH[name][0](cfg)
+
+
+def refuse_unread(cfg, given: dict) -> None:
+    """UserError for the first option of `given` (`given_options`, before resolving) that the
+    resolved `cfg` does not read. Then every option it does not read is set back to its
+    default (an "auto" resolved for nothing, such as a group size for ppo): the checkpoint's
+    config shows what the run used, and `check_config` accepts its own output again."""
+    for name, value in given.items():
+        if not reads(cfg, name):
+            shown = str(value).lower() if isinstance(value, bool) else f"{value}"
+            needs = READ_ONLY_WITH[name][1]
+            fix = "drop it, or pass what it needs" if needs.startswith("with ") else "drop it"
+            raise UserError(f"--{name} {shown} would be ignored: it is read only {needs}; {fix}")
+    for name in READ_ONLY_WITH:
+        if not reads(cfg, name):
+            setattr(cfg, name, default_of(cfg, name))
+
 
 def check_online_dpo(cfg) -> None:
-    """What online DPO cannot take: its loss has no ratio to correct, no critic, no
-    reduction, and learns from whole pairs."""
+    """Online DPO's own values (what its loss does not read is READ_ONLY_WITH's): it learns
+    from whole pairs."""
     if cfg.dpo_loss not in ("sigmoid", "ipo"):
         raise UserError(f"--dpo_loss must be sigmoid or ipo, got {cfg.dpo_loss!r}")
     if cfg.dpo_beta <= 0:
         raise UserError(f"--dpo_beta must be > 0, got {cfg.dpo_beta}")
-    if cfg.offpolicy not in ("auto", "none") or cfg.tis_cap or cfg.ratio != "token":
-        raise UserError("online_dpo's loss takes no ratio to the sampler: drop --offpolicy, "
-                        "--tis_cap and --ratio (a lagging sampler changes its pairs, not its loss)")
     if cfg.minibatch_size % 2:
         raise UserError(f"online_dpo learns from whole pairs: --minibatch_size must be even, got "
                         f"{cfg.minibatch_size}")
-    if cfg.learn_batch_size:
-        raise UserError("online_dpo's loss is a mean over the pairs of a whole minibatch: drop "
-                        "--learn_batch_size")
-    if cfg.dynamic_sampling:
-        raise UserError("online_dpo already leaves out the groups whose scores are all equal; "
-                        "drop --dynamic_sampling")
 
 
 def check_config(cfg) -> None:
-    if cfg.eval_prompts_file and not cfg.prompts:
-        raise UserError("--eval_prompts_file goes with --prompts (the built-in task has its own "
-                        "eval prompts); pass your training prompts as --prompts too")
+    given = given_options(cfg)  # before any "auto" is resolved
     if cfg.learn_batch_size < 0:
         raise UserError(f"--learn_batch_size must be >= 0 (0 = the whole minibatch), got "
                         f"{cfg.learn_batch_size}")
@@ -56,9 +150,6 @@ def check_config(cfg) -> None:
         check_online_dpo(cfg)
     if cfg.ratio not in ("token", "sequence"):
         raise UserError(f"--ratio must be token or sequence, got {cfg.ratio!r}")
-    if cfg.ratio == "sequence" and cfg.algo not in ("grpo", "rloo"):
-        raise UserError(f"--ratio sequence (GSPO) needs one advantage per response: --algo grpo "
-                        f"or rloo, not {cfg.algo} (its advantages differ per token)")
     if cfg.clip_range_high < 0 or cfg.overlong_buffer < 0:
         raise UserError("--clip_range_high and --overlong_buffer must be >= 0 (0 = off)")
     if cfg.overlong_buffer >= cfg.max_new_tokens:
@@ -77,19 +168,10 @@ def check_config(cfg) -> None:
     if 0 < cfg.tis_cap < 1:
         raise UserError(f"--tis_cap {cfg.tis_cap} would cap weights below 1, scaling every "
                         f"token down; use a cap >= 1 (2 is usual) or 0 (off)")
-    if cfg.dynamic_sampling and cfg.algo not in ("grpo", "rloo"):
-        raise UserError(f"--dynamic_sampling drops groups of equal scores: --algo grpo or rloo, "
-                        f"not {cfg.algo} (it has no groups)")
     if (cfg.tis_cap or cfg.sampler_lag or cfg.offpolicy not in ("auto", "none")) and not cfg.mask_env:
         raise UserError("--tis_cap, --offpolicy and --sampler_lag need the sampler's log-prob of every "
                         "trained token; with "
                         "--mask_env false the environment's tokens have none")
-    if cfg.overlong_buffer and cfg.env:
-        raise UserError("--overlong_buffer shapes single responses; with --env the "
-                        "environment's rewards are used as they are")
-    if cfg.overlong_buffer and not cfg.penalize_missing_eos:
-        raise UserError("--overlong_buffer is a ramp before the missing-EOS penalty's cliff, "
-                        "which --penalize_missing_eos false removes; drop one of them")
     if cfg.kl_in not in ("auto", "reward", "loss"):
         raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
     if cfg.kl_estimator not in ("auto", "k1", "k2", "k3"):
@@ -98,18 +180,15 @@ def check_config(cfg) -> None:
         raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
     if cfg.grpo_norm not in ("grpo", "dr"):
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
+    if cfg.critic not in ("auto", "separate", "shared"):
+        raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
     # the reward's source first: the auto options below depend on it (--env's rate)
     if cfg.env:
         if cfg.reward not in ("rm", "env"):
             raise UserError(f"--env gives the rewards (each step's); drop --reward "
                             f"{cfg.reward}")
-        if cfg.prompts:
-            raise UserError("--env plays episodes from the environment's openings; drop "
-                            "--prompts (or --env to answer prompts)")
         require_positive(cfg, "max_turns")
         cfg.reward = "env"
-    elif not cfg.mask_env:
-        raise UserError("--mask_env false is for episodes; pass --env too")
     # every "auto" resolved by the function PPOTrainer applies too, so the values the run
     # prints and saves are the ones it trains with
     try:
@@ -120,6 +199,10 @@ def check_config(cfg) -> None:
         setattr(cfg, name, getattr(resolved, name))
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
+    if cfg.critic == "auto":
+        cfg.critic = "separate" if cfg.reward == "rm" else "shared"
+    # an option this run does not read, set anyway: refused (READ_ONLY_WITH)
+    refuse_unread(cfg, given)
     require_positive(cfg, "max_iters", "rollout_batch_size", "rollouts_per_update", "ppo_epochs",
                      "minibatch_size", "max_new_tokens", "eval_interval", "kl_horizon",
                      "eval_prompts", "actor_lr", "critic_lr", "clip_range", "clip_range_value")
@@ -134,10 +217,6 @@ def check_config(cfg) -> None:
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
-    if cfg.critic not in ("auto", "separate", "shared"):
-        raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
-    if cfg.critic == "auto":
-        cfg.critic = "separate" if cfg.reward == "rm" else "shared"
     if cfg.reward not in ("rm", "task", "env") and ":" not in cfg.reward:
         raise UserError(f"--reward must be rm, task, FILE.py:FUNCTION or MODULE:FUNCTION, got "
                         f"{cfg.reward!r}")
@@ -160,9 +239,6 @@ def check_config(cfg) -> None:
     if cfg.ensemble_combine not in COMBINE_CHOICES:
         raise UserError(f"--ensemble_combine must be one of {', '.join(COMBINE_CHOICES)}, got "
                         f"{cfg.ensemble_combine!r}")
-    if cfg.reward != "rm" and (cfg.ensemble_combine != "mean" or cfg.heldout_rm_dir):
-        raise UserError("--ensemble_combine and --heldout_rm_dir are for reward models "
-                        "(--reward rm); drop them with --reward " + cfg.reward)
     check_lora_options(cfg)
 
 

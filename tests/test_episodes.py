@@ -24,6 +24,7 @@ from mingpt_rlhf.env_guess import (GuessNumber, optimal_turns, parse_guess, teac
 from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, play_episodes
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.logprobs import sequence_logprobs
+from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.ppo import FixedKLController, gae
 from mingpt_rlhf.tokenizer import WordTokenizer
@@ -39,7 +40,9 @@ def env_cfg(out_dir, sft_dir, **kw):
     """A tiny RL run on the guessing game: 4 iterations of 16 episodes."""
     base = dict(out_dir=str(out_dir), sft_dir=str(sft_dir), env="guess", max_iters=4,
                 rollout_batch_size=16, minibatch_size=8, ppo_epochs=2, eval_interval=2,
-                eval_prompts=8, max_new_tokens=3, max_turns=6, group_size=4)
+                eval_prompts=8, max_new_tokens=3, max_turns=6)
+    if kw.get("algo", "ppo") in GROUP_ALGOS:  # ppo reads no --group_size
+        base["group_size"] = 4
     return train_ppo.Config(**{**base, **kw})
 
 
@@ -653,8 +656,8 @@ def test_an_environment_that_fails_mid_run_leaves_the_last_checkpoint(guess_sft,
 def test_env_options_that_cannot_go_together(guess_sft, tmp_path, capsys):
     base = ["--sft_dir", guess_sft, "--out_dir", tmp_path / "r"]
     assert "drop --reward" in exits_2(capsys, "train_ppo", base + ["--env", "guess", "--reward", "task"])
-    assert "drop --prompts" in exits_2(capsys, "train_ppo", base + ["--env", "guess", "--prompts", "p.jsonl"])
-    assert "is for episodes" in exits_2(capsys, "train_ppo", base + ["--mask_env", "false"])
+    assert "--prompts p.jsonl would be ignored" in exits_2(capsys, "train_ppo", base + ["--env", "guess", "--prompts", "p.jsonl"])
+    assert "--mask_env false would be ignored" in exits_2(capsys, "train_ppo", base + ["--mask_env", "false"])
     assert "--max_turns must be" in exits_2(capsys, "train_ppo", base + ["--env", "guess", "--max_turns", "0"])
     assert "not both" in exits_2(capsys, "sample", ["--ckpt_dir", guess_sft, "--env", "guess", "--play_env"])
 

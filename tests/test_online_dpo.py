@@ -104,11 +104,11 @@ def test_online_dpo_runs_and_resumes_exactly_with_a_lagging_sampler(stages, tmp_
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--algo", "online_dpo", "--offpolicy", "tis"], "takes no ratio to the sampler"),
+    (["--algo", "online_dpo", "--offpolicy", "tis"], "has no ratio to the sampler"),
     (["--algo", "online_dpo", "--minibatch_size", "7"], "--minibatch_size must be even"),
     (["--algo", "online_dpo", "--dpo_loss", "hinge"], "--dpo_loss must be sigmoid or ipo"),
     (["--algo", "online_dpo", "--dpo_beta", "0"], "--dpo_beta must be > 0"),
-    (["--algo", "online_dpo", "--dynamic_sampling", "2"], "drop --dynamic_sampling"),
+    (["--algo", "online_dpo", "--dynamic_sampling", "2"], "--dynamic_sampling 2 would be ignored"),
     (["--algo", "dpo"], "--algo must be ppo, grpo, rloo, reinforce++ or online_dpo"),
 ])
 def test_impossible_online_dpo_options_exit_2(tmp_path, capsys, argv, needle):

@@ -276,7 +276,8 @@ def test_malformed_preference_line_exits_2(stages, tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["train_ppo.py", "--top_k", "-3"], "--top_k"),
     (["train_ppo.py", "--critic", "both"], "--critic"),
-    (["train_ppo.py", "--overlong_buffer", "4", "--penalize_missing_eos", "false"], "drop one"),
+    (["train_ppo.py", "--overlong_buffer", "4", "--penalize_missing_eos", "false"],
+     "--overlong_buffer 4 would be ignored"),
     (["train_sft.py", "--max_iters", "ten"], "--max_iters"),
     (["train_sft.py", "--no_such_option", "1"], "no_such_option"),
     (["train_rm.py", "--sft_dir", "/nonexistent"], "/nonexistent"),
