@@ -114,14 +114,16 @@ class Config:
     group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
                              ">= 2; 0 = auto: 2 for online_dpo, else 8)")
     dpo_beta: float = opt(0.3, "online_dpo: DPO's beta, the strength of the implicit KL to the "
-                               "reference (the KL penalty options are not used)")
+                               "reference (it takes no KL penalty: --kl_in, --kl_estimator, "
+                               "--kl_coef, --adaptive_kl and --kl_horizon are refused with it)")
     dpo_loss: str = opt("sigmoid", "online_dpo: sigmoid (DPO) | ipo (squared loss towards "
                                    "h = 1 / (2 beta))")
     kl_in: str = opt("auto", "where the KL penalty goes: reward (beta x --kl_estimator per "
                              "token off the reward; grpo / rloo sum it per response) | loss "
                              "(beta x --kl_estimator per token in the loss, reduced like the "
                              "surrogate, as the GRPO paper; measured weaker here, see "
-                             "docs/results.md) | auto (loss with --grpo_norm grpo, else reward)")
+                             "docs/results.md) | auto (loss with --grpo_norm grpo, else reward). "
+                             "Not online_dpo, whose KL is --dpo_beta")
     kl_estimator: str = opt("auto", "the per-token estimate of KL(policy || reference): k1 "
                                     "(log p - log ref) | k2 ((log p - log ref)^2 / 2) | k3 "
                                     "(e^(ref - log p) - (ref - log p) - 1) | auto (k1 in the "
@@ -180,15 +182,16 @@ class Config:
                                 "function included: 1e-4 once collapsed on the reward model, and "
                                 "with --reward task 5e-5 was still rising at the end, docs/rewards.md)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
-    kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty)")
+    kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty); not "
+                               "online_dpo, whose KL is --dpo_beta")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
-                                  "--kl_target (false: beta stays --kl_coef)")
+                                  "--kl_target (false: beta stays --kl_coef); not online_dpo")
     kl_target: float = opt(3.0, "target KL to the SFT policy in nats per response: the sum over "
                                 "the response's tokens of log pi(a) - log pi_sft(a), averaged "
                                 "over the rollout batch (the logged kl), which the adaptive beta "
                                 "steers towards. Not --target_kl, the early stop on approx-KL "
                                 "between the policy before and during an update")
-    kl_horizon: float = opt(10.0, "adaptive KL speed, in iterations: each iteration, log beta "
+    kl_horizon: float = opt(10.0, "adaptive KL speed (--adaptive_kl true), in iterations: each iteration, log beta "
                                   "moves by log(KL / target) / horizon, clipped so that beta rises "
                                   "at most x e^(1/horizon) (x1.105 at 10) and falls at most "
                                   "x e^(-0.2/horizon) (x0.980 at 10)")
@@ -684,12 +687,16 @@ def main(cfg: Config) -> dict:
                        f"false; else raise --max_new_tokens")
         kl_high += stats["kl"] > 2 * cfg.kl_target
         if kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
+            # advice in the options this run reads: online DPO's KL is its beta
+            hold = (f"raise --dpo_beta (now {cfg.dpo_beta:g})" if cfg.algo == "online_dpo" else
+                    f"raise --kl_coef (the starting beta, now {trainer.kl_ctl.value:.3g}), lower "
+                    f"--kl_horizon (beta reacts faster)" if cfg.adaptive_kl else
+                    f"raise --kl_coef (beta, now {trainer.kl_ctl.value:.3g})")
             tqdm.write(f"warning: the KL to the SFT policy has been above twice --kl_target "
-                       f"({2 * cfg.kl_target:g} nats) in {kl_high} iterations (now {stats['kl']:.1f}, "
-                       f"beta {trainer.kl_ctl.value:.3g}). To hold it: raise --kl_coef (the "
-                       f"starting beta), lower --kl_horizon (beta reacts faster), lower "
-                       f"--actor_lr, or set --target_kl (stops an update early); or accept it "
-                       f"with a larger --kl_target")
+                       f"({2 * cfg.kl_target:g} nats) in {kl_high} iterations (now "
+                       f"{stats['kl']:.1f}). To hold it: {hold}, lower --actor_lr, or set "
+                       f"--target_kl (stops an update early); or accept it with a larger "
+                       f"--kl_target")
         shown = {"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}"}
         if "gold" in stats:  # a built-in task's; a prompts file has none
             shown["gold"] = f"{stats['gold']:.2f}"

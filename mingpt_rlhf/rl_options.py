@@ -20,6 +20,8 @@ from .offpolicy import MAX_LAG, OFFPOLICY
 from .ppo_trainer import resolve_auto_options
 
 LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
+DPO_KL = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's KL to the reference is "
+          "--dpo_beta, inside its loss)")
 NO_RATIO = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss has no ratio to the "
             "sampler: a lagging sampler changes its pairs, not its loss)")
 
@@ -52,6 +54,14 @@ READ_ONLY_WITH = {
     "reduction": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
     "offpolicy": (lambda c: c.algo != "online_dpo", NO_RATIO),
     "tis_cap": (lambda c: c.algo != "online_dpo", NO_RATIO),
+    # the KL penalty and its controller: online DPO's KL is its beta
+    "kl_in": (lambda c: c.algo != "online_dpo", DPO_KL),
+    "kl_estimator": (lambda c: c.algo != "online_dpo", DPO_KL),
+    "kl_coef": (lambda c: c.algo != "online_dpo", DPO_KL),
+    "adaptive_kl": (lambda c: c.algo != "online_dpo", DPO_KL),
+    "kl_horizon": (lambda c: c.algo != "online_dpo" and c.adaptive_kl,
+                   "with --adaptive_kl true (the default: a fixed beta has no speed), not with "
+                   "--algo online_dpo (its KL is --dpo_beta)"),
     "learn_batch_size": (lambda c: c.algo != "online_dpo",
                          "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is a "
                          "mean over the pairs with a preference, which a slice cannot count)"),

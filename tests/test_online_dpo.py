@@ -109,6 +109,12 @@ def test_online_dpo_runs_and_resumes_exactly_with_a_lagging_sampler(stages, tmp_
     (["--algo", "online_dpo", "--dpo_loss", "hinge"], "--dpo_loss must be sigmoid or ipo"),
     (["--algo", "online_dpo", "--dpo_beta", "0"], "--dpo_beta must be > 0"),
     (["--algo", "online_dpo", "--dynamic_sampling", "2"], "--dynamic_sampling 2 would be ignored"),
+    # its KL to the reference is --dpo_beta: PPO's KL penalty and controller are not read
+    (["--algo", "online_dpo", "--kl_in", "loss"], "--kl_in loss would be ignored"),
+    (["--algo", "online_dpo", "--kl_coef", "0.2"], "KL to the reference is --dpo_beta"),
+    (["--algo", "online_dpo", "--kl_estimator", "k3"], "KL to the reference is --dpo_beta"),
+    (["--algo", "online_dpo", "--adaptive_kl", "false"], "KL to the reference is --dpo_beta"),
+    (["--algo", "online_dpo", "--kl_horizon", "5"], "its KL is --dpo_beta"),
     (["--algo", "dpo"], "--algo must be ppo, grpo, rloo, reinforce++ or online_dpo"),
 ])
 def test_impossible_online_dpo_options_exit_2(tmp_path, capsys, argv, needle):

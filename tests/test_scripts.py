@@ -407,17 +407,24 @@ def test_low_precision_runs_on_the_cpu(stages, tmp_path, dtype):
     assert abs(sft["eval_loss"] - sft32["eval_loss"]) < 0.05, (sft["eval_loss"], sft32["eval_loss"])
 
 
-def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, capsys):
+@pytest.mark.parametrize("algo,controls,not_read", [
+    ("ppo", ["--kl_coef", "--kl_horizon"], ["--dpo_beta"]),
+    ("online_dpo", ["--dpo_beta"], ["--kl_coef", "--kl_horizon"])])
+def test_ppo_warns_once_when_the_kl_stays_far_above_target(stages, tmp_path, capsys, algo,
+                                                           controls, not_read):
     """A target no run can meet: over 2x the target in >= 10 % of the iterations -> one warning
-    that names the options controlling the KL."""
+    that names the options controlling the KL, those the run reads (online DPO's KL is its
+    beta: it would refuse --kl_coef)."""
     root, _, _ = stages
     train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", root / "rm", kl_target=1e-4,
-                           max_iters=4, actor_lr=1e-2))
+                           max_iters=4, actor_lr=1e-2, algo=algo))
     out = capsys.readouterr()
     text = out.out + out.err
     assert text.count("warning: the KL to the SFT policy") == 1
-    for option in ["--kl_coef", "--kl_horizon", "--actor_lr", "--target_kl", "--kl_target"]:
+    for option in [*controls, "--actor_lr", "--target_kl", "--kl_target"]:
         assert option in text
+    for option in not_read:
+        assert option not in text
 
 
 @pytest.mark.parametrize("penalize", [True, False])
