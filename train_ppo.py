@@ -217,7 +217,8 @@ class Config:
                               "probability of each token: tis weighs each token's loss by "
                               "min(weight, C), decoupled caps at C (0: no cap), mask keeps the "
                               "tokens whose weight is in [1/C, C] (tis and mask: 0 = 2); set "
-                              "alone, it turns --offpolicy auto into tis")
+                              "alone, it turns --offpolicy auto into tis. Refused with none, "
+                              "clip and gspo, which weigh no token")
     sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
                               "updates ago, as an asynchronous trainer's sampler runs behind its "
                               "learner (it keeps this many copies of the trainable weights; with "

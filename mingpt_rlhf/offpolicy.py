@@ -80,6 +80,7 @@ def _mask(learner, sampler, action_mask, cap):
 OFFPOLICY = {"none": _none, "clip": _clip, "decoupled": _decoupled, "tis": _tis,
              "mask": _mask, "gspo": _clip}
 MAX_LAG = 8                           # --sampler_lag 0 .. MAX_LAG
+READS_CAP = ("decoupled", "tis", "mask")  # the entries that weigh tokens: --tis_cap bounds them
 NEEDS_CAP = ("tis", "mask")           # their cap has no "off"
 DEFAULT_CAP = 2.0                     # Yao et al.'s C; the mask keeps [0.5, 2]
 

@@ -16,7 +16,7 @@ from .ensemble import COMBINE_CHOICES
 from .errors import UserError
 from .lora import check_lora_options
 from .losses import GROUP_ALGOS
-from .offpolicy import MAX_LAG, OFFPOLICY
+from .offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
 from .ppo_trainer import resolve_auto_options
 
 LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
@@ -53,7 +53,12 @@ READ_ONLY_WITH = {
     "clip_range_high": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
     "reduction": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
     "offpolicy": (lambda c: c.algo != "online_dpo", NO_RATIO),
-    "tis_cap": (lambda c: c.algo != "online_dpo", NO_RATIO),
+    # --tis_cap bounds the weights of the corrections that weigh tokens; none, clip and gspo
+    # weigh none (auto is tis when --tis_cap is set)
+    "tis_cap": (lambda c: c.algo != "online_dpo" and resolved_offpolicy(c) in READS_CAP,
+                f"with --offpolicy {', '.join(READS_CAP[:-1])} or {READS_CAP[-1]} (auto is tis "
+                f"when --tis_cap is set), which weigh each token, and not with --algo "
+                f"online_dpo (its loss has no ratio to the sampler)"),
     # the KL penalty and its controller: online DPO's KL is its beta
     "kl_in": (lambda c: c.algo != "online_dpo", DPO_KL),
     "kl_estimator": (lambda c: c.algo != "online_dpo", DPO_KL),

@@ -13,8 +13,8 @@ import conftest
 import train_ppo
 from mingpt_rlhf import ppo_trainer
 from mingpt_rlhf.losses import spec_of
-from mingpt_rlhf.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, SamplerQueue, cap_of, correct,
-                                   resolved_offpolicy)
+from mingpt_rlhf.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, READS_CAP, SamplerQueue, cap_of,
+                                   correct, resolved_offpolicy)
 from test_critic_free import grouped_prompts
 from test_ppo_trainer import Cfg, make_trainer
 from test_scripts import assert_same_weights, killed_after_first_save, ppo_cfg
@@ -54,6 +54,24 @@ def test_each_correction_by_hand(name, cap, old, weights):
     assert figures["mismatch_kl"] == pytest.approx(((r - 1) - r.log()).mean().item(), rel=1e-5)
     changed = 0 if weights is None else sum(abs(w - x) > 1e-6 for w, x in zip(weights[:3], r.tolist()))
     assert figures["is_cut"] == pytest.approx(changed / 3)
+
+
+def test_the_entries_that_read_the_cap_are_those_whose_weights_it_changes():
+    """READS_CAP, which decides where --tis_cap is taken (rl_options.READ_ONLY_WITH), is what
+    the entries do: none, clip and gspo weigh no token, so a cap changes nothing of theirs."""
+    def outcome(name, cap):  # the ratio's denominator and the weights (1 for "no weight")
+        old, weights = correct(name, LEARNER, SAMPLER, MASK, cap)[0]
+        return torch.cat([old, torch.ones_like(old) if weights is None else weights])
+    changed = {name for name in OFFPOLICY if not torch.equal(outcome(name, 1.5), outcome(name, 3.0))}
+    assert changed == set(READS_CAP)
+
+
+@pytest.mark.parametrize("offpolicy", ["none", "clip", "gspo"])
+def test_a_cap_with_a_correction_that_weighs_no_token_is_refused(tmp_path, capsys, offpolicy):
+    line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), "--algo", "grpo",
+                                                  "--sampler_lag", "1", "--offpolicy", offpolicy,
+                                                  "--tis_cap", "2"])
+    assert "--tis_cap 2.0 would be ignored: it is read only with --offpolicy decoupled, tis or mask" in line, line
 
 
 def test_auto_and_the_cap_resolve_as_documented():
