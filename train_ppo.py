@@ -205,7 +205,9 @@ class Config:
                               "(GSPO: one ratio per response, the geometric mean of its "
                               "tokens', clipped per response; grpo and rloo only, with a small "
                               "--clip_range such as 3e-4; its loss is a mean over responses, "
-                              "its own --reduction sequence)")
+                              "its own --reduction sequence). Not with --offpolicy tis, "
+                              "decoupled or mask, which weigh each token (docs/offpolicy.md): "
+                              "--offpolicy gspo or clip take its ratio against the sampler")
     overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
                                   "--max_new_tokens a response's reward falls linearly, to -1 "
                                   "at the budget (0 = off)")

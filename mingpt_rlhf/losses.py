@@ -142,7 +142,15 @@ def _token_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, 
 
 def _sequence_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget,
                     tokens):
-    # one advantage per response: every token of a response carries the same one
+    # one advantage per response: every token of a response carries the same one. Weighed by
+    # an off-policy correction (A x w_t per token), this mean would be A x mean_t(w_t), which
+    # is no importance weight. A per-token weight w_t = pi(y_t | prefix) / mu(y_t | prefix)
+    # corrects a term that depends on one token given its prefix; GSPO's term, A x clip(s(y))
+    # with s(y) the geometric mean of the tokens' ratios, depends on the whole response, and
+    # the one weight c(y) with E_mu[c(y) f(y)] = E_pi[f(y)] for every f is the response's own
+    # ratio pi(y) / mu(y), the product of the w_t (whose variance grows with the length).
+    # resolve_auto_options refuses the combination; --offpolicy gspo takes the ratio against
+    # the sampler instead, as GSPO's paper does.
     per_response = (advantages * action_mask).sum(-1) / action_mask.sum(-1).clamp(min=1)
     return sequence_policy_loss(logprobs, old_logprobs, per_response, action_mask,
                                 spec.clip_range, spec.clip_high)

@@ -60,7 +60,7 @@ from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
                   value_loss)
 from .online_dpo import pair_rows, row_signs
-from .offpolicy import SamplerQueue, cap_of, correct, resolved_offpolicy
+from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy
 from .refinements import informative_groups, overlong_penalty
 from .sampling import GenerationOutput, generate
 
@@ -86,7 +86,10 @@ def resolve_auto_options(cfg):
 
     Refuses (ValueError) the std normalisation with the KL in the reward: in a group whose
     scores are all equal the rewards differ only by beta x KL, and dividing by their std
-    would blow that noise up to advantages of +-1; and GSPO with another reduction than its own."""
+    would blow that noise up to advantages of +-1; GSPO with another reduction than its own;
+    and GSPO's ratio with a correction that weighs each token (offpolicy.READS_CAP): its one
+    ratio per response would take the mean of the weights, which is no importance weight
+    (losses._sequence_ratio says why)."""
     algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
     gspo = getattr(cfg, "ratio", "token") == "sequence" or getattr(cfg, "offpolicy", "") == "gspo"
     auto = {}
@@ -108,6 +111,14 @@ def resolve_auto_options(cfg):
     elif gspo and cfg.reduction != "sequence":
         raise ValueError(f"--ratio sequence (GSPO) has its own reduction, a mean over responses; "
                          f"drop --reduction {cfg.reduction} (or pass --reduction sequence)")
+    if gspo and resolved_offpolicy(cfg) in READS_CAP:
+        weighing = (f"--offpolicy {cfg.offpolicy}" if getattr(cfg, "offpolicy", "auto") != "auto"
+                    else "--tis_cap (--offpolicy auto: tis)")
+        raise ValueError(f"--ratio sequence (GSPO) takes one ratio per response, and {weighing} "
+                         f"weighs each token: a response would be weighed by the mean of its "
+                         f"tokens' weights, which is not its importance weight (their product, "
+                         f"docs/offpolicy.md); use --offpolicy gspo or clip (the ratio against "
+                         f"the sampler), or --ratio token")
     cfg = dataclasses.replace(cfg, **auto) if auto else cfg
     if algo == "grpo" and norm == "grpo" and cfg.kl_in == "reward":
         raise ValueError("--grpo_norm grpo divides by the group's reward std: with the KL in "

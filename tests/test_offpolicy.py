@@ -11,7 +11,8 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf import cli, ppo_trainer
+from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.losses import spec_of
 from mingpt_rlhf.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, READS_CAP, SamplerQueue, cap_of,
                                    correct, resolved_offpolicy)
@@ -72,6 +73,56 @@ def test_a_cap_with_a_correction_that_weighs_no_token_is_refused(tmp_path, capsy
                                                   "--sampler_lag", "1", "--offpolicy", offpolicy,
                                                   "--tis_cap", "2"])
     assert "--tis_cap 2.0 would be ignored: it is read only with --offpolicy decoupled, tis or mask" in line, line
+
+
+@pytest.mark.parametrize("argv,refused", [
+    (["--offpolicy", "tis"], True), (["--offpolicy", "decoupled"], True),
+    (["--offpolicy", "mask"], True), (["--tis_cap", "2"], True),
+    (["--offpolicy", "clip"], False), (["--offpolicy", "none"], False), (["--offpolicy", "gspo"], False)])
+def test_gspos_ratio_with_a_correction_that_weighs_tokens_is_refused(argv, refused):
+    cfg = cli.parse_config(train_ppo.Config, ["--algo", "grpo", "--ratio", "sequence",
+                                              "--sampler_lag", "1", *argv])
+    if not refused:
+        train_ppo.check_config(cfg)
+        return
+    with pytest.raises(UserError) as e:
+        train_ppo.check_config(cfg)
+    assert "--offpolicy gspo or clip" in str(e.value) and "--ratio token" in str(e.value)
+    with pytest.raises(ValueError, match="not its importance weight"):  # a PPOTrainer caller
+        ppo_trainer.resolve_auto_options(LagCfg(algo="grpo", ratio="sequence", offpolicy="tis"))
+
+
+def test_a_responses_importance_weight_is_the_product_of_its_tokens_not_their_mean():
+    """Why GSPO refuses a per-token correction, in the oracle's world (every response listed):
+    the sampler one update behind the learner (gradients.evaluation_point). GSPO's loss weighs
+    each response as a whole; reweighed by the product of its tokens' weights pi / mu (the
+    response's own ratio), the sampler's responses are the learner's exactly, and by the mean
+    of the weights, which is what the trainer's sequence loss would take (seen through its own
+    gradient, losses.token_weights), they are not. docs/offpolicy.md quotes these numbers."""
+    from mingpt_rlhf.gradients import evaluation_point
+    from mingpt_rlhf.logprobs import sequence_logprobs
+    from mingpt_rlhf.losses import LossSpec, token_weights
+    from mingpt_rlhf.tabular import MAX_LEN, PAD, TabularPolicy, make_world, response_batch
+    world = make_world(0, 0.5)
+    learner, sampler = evaluation_point(world)
+    sequences, attention_mask, mask = response_batch()
+
+    def per_token(table):  # (Y, N) log-probs of every response's tokens
+        return sequence_logprobs(TabularPolicy(table), sequences, attention_mask, 1, suppress=PAD)[0] * mask
+    logp, logmu = per_token(learner).detach(), per_token(sampler).detach()
+    w = torch.where(mask.bool(), (logp - logmu).exp(), 1.0)                    # (Y, N)
+    # GSPO at ratio 1 with advantages A x w (A = 1): the weight of each response in the loss
+    spec = LossSpec(advantages="rloo", policy_loss="sequence", reduction="sequence")
+    per_response = token_weights(logp, logp, logp, w * mask, mask, spec, 0.0, MAX_LEN)["weight"].sum(-1)
+    mean = (w * mask).sum(-1) / mask.sum(-1)
+    torch.testing.assert_close(per_response.double(), mean, rtol=1e-5, atol=0)
+    pi, mu, reward = logp.sum(-1).exp(), logmu.sum(-1).exp(), world.reward
+    torch.testing.assert_close(mu * w.prod(-1), pi)                # the product: exactly the learner's
+    learners = (pi * reward).sum().item()
+    assert (mu * w.prod(-1) * reward).sum().item() == pytest.approx(learners, abs=1e-12)
+    by_mean, unweighed = (mu * mean * reward).sum().item(), (mu * reward).sum().item()
+    assert (round(learners, 3), round(by_mean, 3), round(unweighed, 3)) == (-0.083, -0.153, -0.199)
+    assert (mu * mean).sum().item() > 1.01                          # not even a distribution
 
 
 def test_auto_and_the_cap_resolve_as_documented():
