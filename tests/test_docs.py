@@ -2,6 +2,7 @@
 when it names one), every pointer to a named section ("X" below, see "X") finds that heading
 where it says, every `python ...` command they quote names a script that exists with options
 its own parser accepts, and a figure quoted in two places is the same figure, its JSON's."""
+import dataclasses
 import glob
 import importlib
 import os
@@ -253,57 +254,19 @@ def test_every_section_cited_by_name_in_another_file_exists(page):
     assert not missing, f"{os.path.relpath(page, ROOT)} cites sections that do not exist: {missing}"
 
 
-def test_the_readmes_benchmark_figures_are_those_in_bench_results():
-    """The README quotes bench/results: its method table (algorithms.json) and its multi-turn
-    line (multiturn.json) must say what those files hold, rounded as printed."""
-    import json
-    import re
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    with open(os.path.join(ROOT, "bench", "results", "algorithms.json")) as f:
-        summary = json.load(f)["summary"]
-    for method, row in [("ppo", "PPO"), ("grpo", "GRPO"), ("rloo", "RLOO"), ("dpo", "DPO")]:
-        s = summary[method]
-        line = next(l for l in readme.splitlines() if l.startswith(f"| [{row}]"))
-        assert f"{s['gold']:.3f} +- {s['gold_stderr']:.3f}" in line, line
-        assert f"| {s['kl']:.2f} |" in line, line
-    with open(os.path.join(ROOT, "bench", "results", "multiturn.json")) as f:
-        multi = json.load(f)["summary"]
-    text = " ".join(readme.split())
-    found = re.search(r"\((\d\.\d+) guesses, (\d+) % of the games won\), GRPO reaches (\d+)-(\d+) % "
-                      r"won in (\d\.\d+)-(\d\.\d+) guesses and PPO (\d+) % in (\d\.\d+)-(\d\.\d+)", text)
-    assert found, "the README's multi-turn line changed shape; update this test"
-    sft_turns, sft_won, g_lo, g_hi, g_turns_lo, g_turns_hi, p_won, p_lo, p_hi = found.groups()
-    g, p, sft = multi["grpo"], multi["ppo"], multi["sft"]
-    near = lambda quoted, value, step: abs(float(quoted) - value) <= step / 2 + 1e-9  # rounded
-    assert near(sft_turns, sft["turns"]["mean"], 0.01) and near(sft_won, 100 * sft["success"]["mean"], 1)
-    assert near(g_lo, 100 * g["success"]["min"], 1) and near(g_hi, 100 * g["success"]["max"], 1)
-    assert near(g_turns_lo, g["turns"]["min"], 0.01) and near(g_turns_hi, g["turns"]["max"], 0.01)
-    assert near(p_won, 100 * p["success"]["mean"], 1)
-    assert near(p_lo, p["turns"]["min"], 0.01) and near(p_hi, p["turns"]["max"], 0.01)
-
-
-def test_the_readmes_details_line_is_bench_details_json():
-    """The README's line on which details matter quotes bench/results/details.json's summary,
-    and what it says of the rest is true: which means fall outside the default's seed range,
+def test_the_readmes_details_line_says_true_things_of_bench_details_json():
+    """The README's line on which details matter (its figures carry source markers) says true
+    things of bench/results/details.json: which means fall outside the default's seed range,
     and how many stay inside it."""
-    import json
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = " ".join(f.read().split())
-    with open(os.path.join(ROOT, "bench", "results", "details.json")) as f:
-        result = json.load(f)
+    text = without_markers(page_text("README.md"))
+    result = bench_json("details.json")
     s, runs = result["summary"], result["runs"]
-    base, no_kl = s["baseline"]["gold"], s["no_kl"]["gold"]
-    assert (f"the default ends at gold {base['mean']:.3f} ({base['min']:.3f}-{base['max']:.3f}); "
-            f"without the KL penalty {no_kl['mean']:.3f} ({no_kl['min']:.3f} to {no_kl['max']:.3f}), "
-            f"with an unnormalised reward model {s['rm_unnormalised']['gold']['mean']:.3f}, with a "
-            f"critic started from zero {s['critic_from_zero']['gold']['mean']:.3f}, with dropout "
-            f"{s['dropout']['gold']['mean']:.3f}") in text
+    base = s["baseline"]["gold"]
     assert all(v["seeds"] == 3 for k, v in s.items() if k in ("baseline", "no_kl", "dropout"))
     ppo = {k: v["gold"]["mean"] for k, v in s.items() if k != "baseline" and not k.startswith("sort")}
     assert sorted(k for k, g in ppo.items() if g < base["min"]) == ["no_kl", "rm_unnormalised"]
     assert [k for k, g in ppo.items() if g > base["max"]] == ["top_k_10"]
-    assert f"sampling from the 10 likeliest tokens {ppo['top_k_10']:.3f}, above it" in text
+    assert "sampling from the 10 likeliest tokens 0.966, above it" in text  # (its value: a marker)
     # the two the line names although their means are inside the range: below their own
     # seed's default in every seed, as it says
     assert "inside that range, but below their own seed's default in every seed" in text
@@ -322,13 +285,12 @@ def test_the_readme_stays_short():
 
 
 def test_the_readmes_refinements_line_is_bench_refinements_json():
-    import json
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = " ".join(f.read().split())
-    with open(os.path.join(ROOT, "bench", "results", "refinements.json")) as f:
-        s = json.load(f)["summary"]
-    assert (f"lifts sort accuracy from {s['sort/grpo']['gold']['mean']:.3f} to "
-            f"{s['sort/dynamic']['gold']['mean']:.3f}") in text
+    """The two figures of the README's refinements line that no one value of the JSON holds: a
+    ratio of generated tokens and a difference of gold."""
+    text = without_markers(page_text("README.md"))
+    s = bench_json("refinements.json")["summary"]
+    tokens = s["sort/dynamic"]["gen_tokens"]["mean"] / s["sort/grpo"]["gen_tokens"]["mean"]
+    assert f"for {tokens:.2f}x the generated tokens" in text
     loss = s["reviews_rm/grpo"]["gold"]["mean"] - s["reviews_rm/gspo"]["gold"]["mean"]
     assert f"loses {loss:.3f} gold on the reviews task's reward model" in text
 
@@ -378,6 +340,11 @@ def page_text(*path: str) -> str:
         return " ".join(f.read().split())
 
 
+def without_markers(text: str) -> str:
+    """A page as a reader reads it: the figures' source markers out, white space made single."""
+    return " ".join(re.sub(r"<!--.*?-->", "", text, flags=re.S).split())
+
+
 def bench_json(name: str) -> dict:
     import json
     with open(os.path.join(ROOT, "bench", "results", name)) as f:
@@ -390,9 +357,9 @@ def near(quoted: str, value: float) -> bool:
     return abs(float(quoted) - value) <= 0.5 * 10 ** -digits + 1e-9
 
 
-def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_json():
-    """results.md's table of methods holds the JSON's figures, and each row the README repeats
-    (gold +- standard error, KL) is written the same in both."""
+def test_the_method_table_of_results_md_is_algorithms_json():
+    """results.md's table of methods holds the JSON's figures (gold +- standard error, KL) for
+    every method the JSON holds (the README's rows carry source markers)."""
     summary = bench_json("algorithms.json")["summary"]
     rows = {"PPO (`train_ppo.py`)": "ppo", "GRPO (`--algo grpo`)": "grpo",
             "RLOO (`--algo rloo`)": "rloo", "DPO (`train_dpo.py`)": "dpo",
@@ -408,9 +375,6 @@ def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_js
             "online DPO, beta 2, best and worst of 4": "online_dpo_beta2_g4",
             "online DPO, beta 0.3, one pass": "online_dpo_e1",
             "online DPO, beta 1, one pass": "online_dpo_beta1_e1"}
-    readme_rows = {"ppo": "| [PPO]", "grpo": "| [GRPO]", "rloo": "| [RLOO]", "dpo": "| [DPO]",
-                   "best_of_16": "| [best-of-16]", "best_of_1": "| [the SFT policy]",
-                   "online_dpo": "| [online DPO]"}
 
     def cells_of(path, width):
         with open(path, encoding="utf-8") as f:
@@ -418,7 +382,6 @@ def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_js
                     for line in f.read().splitlines()
                     if line.startswith("| ") and line.count(" | ") == width - 1]
     results = cells_of(os.path.join(ROOT, "docs", "results.md"), 8)
-    readme = {tuple(c) for c in cells_of(os.path.join(ROOT, "README.md"), 4)}
     for label, key in rows.items():
         row = next(c for c in results if c[0].startswith(label))
         s = summary[key]
@@ -426,23 +389,7 @@ def test_the_method_tables_of_results_md_and_the_readme_agree_with_algorithms_js
         assert near(gold, s["gold"]) and near(stderr, s["gold_stderr"]), (label, row[1])
         kl = row[3].removeprefix("<= ")
         assert near(kl, s["kl"]), (label, row[3])
-        if key in readme_rows:
-            again = next(c for c in readme if ("| " + c[0]).startswith(readme_rows[key]))
-            assert (again[1], again[2]) == (row[1], row[3]), (label, again, row)
     assert set(rows.values()) == set(summary)
-
-
-def test_the_run_reports_size_is_report_cost_json_in_both_places():
-    runs = bench_json("report_cost.json")["summary"]
-    for algo in ("ppo", "grpo"):
-        rollouts, report = f"{runs[algo]['rollouts_mb']:.2f} MB", f"{runs[algo]['report_mb']:.2f} MB"
-        speed = page_text("docs", "speed.md")
-        assert f"| {rollouts} | {report} |" in speed, (algo, rollouts, report)
-    scripts = page_text("docs", "scripts.md")
-    ppo, grpo = runs["ppo"], runs["grpo"]
-    assert (f"the default PPO run's is {ppo['rollouts_mb']:.2f} MB and its report.html "
-            f"{ppo['report_mb']:.2f} MB, GRPO's {grpo['rollouts_mb']:.2f} MB and "
-            f"{grpo['report_mb']:.2f} MB") in scripts
 
 
 def test_the_shared_critics_cost_is_both_measurements_in_one_place():
@@ -538,10 +485,9 @@ def test_the_two_kl_options_say_they_are_not_each_other():
     assert "## Two KLs, with near-identical option names" in page_text("docs", "details.md")
 
 
-def test_the_readmes_staleness_line_is_bench_staleness_json():
-    """The README's stale-sample figures are the study's: PPO with tis within 0.025 of the same
-    seed's lag-0 gold at every lag on both tasks; PPO clipping against the sampler, GRPO's every
-    correction and online DPO at lag 8 on reviews."""
+def test_the_readmes_staleness_bound_is_bench_staleness_json():
+    """The README's bound on stale samples is the study's: PPO with tis within 0.025 of the same
+    seed's lag-0 gold at every lag on both tasks (the line's other figures carry markers)."""
     import json
     from conftest import bench_module
     bench = bench_module("staleness")
@@ -549,13 +495,241 @@ def test_the_readmes_staleness_line_is_bench_staleness_json():
         text = " ".join(f.read().split())
     with open(bench.RESULTS) as f:
         result = json.load(f)
+    stored = {k: v["gold_change"]["mean"] for k, v in result["summary"].items() if "gold_change" in v}
     bench.summarise(result)
     s = result["summary"]
+    # the markers read the summary the JSON stores: it must be the one its runs give
+    assert stored == pytest.approx({k: v["gold_change"]["mean"] for k, v in s.items()
+                                    if "gold_change" in v})
     tis = [v["gold_change"] for k, v in s.items() if "/ppo/" in k and k.endswith("/tis")]
     assert len(tis) == 6 and all(abs(c["mean"]) <= 0.025 for c in tis)
     assert "PPO with `--offpolicy tis` keeps its gold (within 0.025)" in text
-    change = lambda row: -s[f"reviews_rm/{row}"]["gold_change"]["mean"]
-    assert f"clipping against the old sampler loses {change('ppo/lag8/clip'):.2f} on reviews" in text
-    grpo = [change(f"grpo/lag8/{c}") for c in bench.corrections("grpo", 8)]
-    assert f"GRPO on a reward model loses {min(grpo):.2f}-{max(grpo):.2f} whatever the correction" in text
-    assert f"online DPO {change('online_dpo/lag8/none'):.2f}." in text
+    # the README's marker reads GRPO's loss over every lag-8 row: they must be the corrections
+    assert sorted(k.split("/")[-1] for k in s if k.startswith("reviews_rm/grpo/lag8/")) == \
+        sorted(bench.corrections("grpo", 8))
+
+
+# ----------------------------------------------------------------------------- figures and sources
+# THE RULE. A measured figure is stated once, where its study is written up, with the command
+# and revision that made it; every other page links there, or quotes it with a source marker:
+#
+#     gold 0.952<!-- algorithms.json summary grpo gold -->
+#     0.829-0.857<!-- kl_estimators.json summary reviews_rm/grpo/k3_in_loss gold: {min}-{max} -->
+#
+# an HTML comment (GitHub does not render it) naming bench/results/NAME.json, the path into it
+# and, after a colon, the text it covers with `{...}` for each number (tests/doc_figures.py
+# gives the whole syntax). Every marker of every page is checked: the quoted number must be
+# the JSON's value rounded to the digits it shows. In README.md, the page that repeats figures
+# from every study, every decimal of the prose (code blocks and inline code aside) must carry a
+# marker or be held by a phrase of ALLOWED below, with its reason; a doc page opts a summary
+# (the paragraph or list item that holds it) into the same rule with
+# `<!-- every figure sourced -->`. The docs' own tables are printed by the benches (`--table`)
+# and are not held to it.
+import doc_figures  # noqa: E402
+
+FIGURE_PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+ALLOWED = {  # page: [(a phrase that holds decimals without a marker, why), ...]
+    "README.md": [
+        ("(1-1.5 minutes on 2 CPU cores", "the suite's time: docs/testing.md's runs, no bench JSON"),
+        ("about 1.35 and 0.95 within 60", "a picture's description, read off the picture"),
+        ("made PPO 1.4-1.8x faster",
+         "speed.md's six before/after pairs; the JSON keeps the second run only"),
+        ("for 2.85x the generated tokens", "a ratio: test_the_readmes_refinements_line_is_bench_refinements_json"),
+        ("loses 0.137 gold", "a difference: test_the_readmes_refinements_line_is_bench_refinements_json"),
+        ("spends 1.2-1.7x the KL",
+         "a ratio per seed: test_the_readmes_overoptimization_line_is_bench_overoptimization_json"),
+        ("at KL 0.02 none did", "a setting of the study (the KL coefficient), not a measurement"),
+        ("(within 0.025)", "a bound: test_the_readmes_staleness_bound_is_bench_staleness_json"),
+        ("trl 1.16", "a version"), ("trl 0.11.4", "a version"),
+    ],
+    "docs/gradients.md": [
+        ("its evals peaking at 3.6-4.8 nats", "the highest eval of each run's curve, not a stored figure"),
+        ("peaked at 3.4-4.4", "the highest eval of each run's curve, not a stored figure"),
+    ],
+    "docs/rewards.md": [
+        ("a standard error of about 0.02", "a 200-prompt eval's, estimated in docs/details.md"),
+    ],
+}
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_figure_that_names_its_source_is_its_sources_value(page):
+    with open(page, encoding="utf-8") as f:
+        problems, _ = doc_figures.sourced(f.read())
+    assert not problems, f"{os.path.relpath(page, ROOT)}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_no_figure_without_a_source_in_the_readme_and_the_sourced_summaries(page):
+    """The README's decimals, and those of a doc's `<!-- every figure sourced -->` blocks, each
+    carry a source marker or stand in a phrase of ALLOWED; an ALLOWED phrase the page no longer
+    holds is an error too (the list stays short and true)."""
+    name = os.path.relpath(page, ROOT)
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    _, spans = doc_figures.sourced(text)
+    scope = None if name == "README.md" else doc_figures.sourced_blocks(text)
+    if scope == [] and name not in ALLOWED:
+        return
+    missing, unused = doc_figures.unsourced(text, [p for p, _ in ALLOWED.get(name, [])], spans, scope)
+    assert not missing, (f"{name}: figures without a source (add a marker, see tests/doc_figures.py, "
+                         f"or a phrase with its reason to ALLOWED):\n" + "\n".join(missing))
+    assert not unused, f"{name}: ALLOWED phrases the page no longer holds: {unused}"
+
+
+def test_the_figure_checks_fail_on_a_wrong_figure_a_wrong_path_and_a_figure_without_a_source():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    right = "0.952 +- 0.005**<!-- algorithms.json summary grpo: {gold} +- {gold_stderr} -->"
+    assert right in readme
+    problems, _ = doc_figures.sourced(readme.replace(right, right.replace("0.952", "0.953")))
+    assert len(problems) == 1 and "0.953 is not {gold} = 0.9523" in problems[0], problems
+    page = ("GRPO ends at 0.952<!-- algorithms.json summary grpo gold --> (0.005<!-- algorithms.json "
+            "summary grpo gold -->), 0.9<!-- algorithms.json summary nothing gold -->, "
+            "96-97 %<!-- multiturn.json summary grpo success: {min*100}-{max*100} -->; PPO 0.94 and 1.5x.")
+    problems, spans = doc_figures.sourced(page)
+    assert len(problems) == 3, problems
+    assert "0.005 is not {} = 0.9523" in problems[0]  # a figure that is not its source's
+    assert "no 'summary nothing gold' in bench/results/algorithms.json" in problems[1]
+    assert "the text before it does not read '{min*100}-{max*100}'" in problems[2]  # (the % is missing)
+    missing, unused = doc_figures.unsourced(page, ["and 1.5x", "gone"], spans)
+    assert [m.split(" (")[0] for m in missing] == ["line 1: 0.94"] and unused == ["gone"], missing
+    summary = "Intro 1.5.\n\n- a 0.25 and 0.5<!-- every figure sourced -->\n- b 0.75\n"
+    missing, _ = doc_figures.unsourced(summary, [], [], doc_figures.sourced_blocks(summary))
+    assert [m.split(" (")[0] for m in missing] == ["line 3: 0.25", "line 3: 0.5"], missing
+
+
+# ----------------------------------------------------------------------------- option values
+SCRIPT_CONFIGS = {name: importlib.import_module(name).Config for name in SCRIPTS}
+PLACEHOLDER_VALUE = re.compile(r"[A-Z][A-Z0-9_]*|[a-z]|\w*\.\.\.|\W+")  # --seed S, --ensemble K, --seed + i
+# values written on purpose as mistakes: the pages that list what a user can get wrong
+MISTAKES = {("docs/troubleshooting.md", "lr", "fast"), ("docs/troubleshooting.md", "batch_size", "2.5")}
+
+
+def option_problem(name: str, value: str, scripts=SCRIPTS) -> str:
+    """"" if one of `scripts` whose Config has `--name` takes `value` (its parser's type; for
+    train_ppo.py also check_config's "--name must ..." checks, where the choices are), else
+    why not. An option no script has (a bench's --seeds) is not ours to check: ""."""
+    from mingpt_rlhf.errors import UserError
+    owners = [s for s in scripts if name in {f.name for f in dataclasses.fields(SCRIPT_CONFIGS[s])}]
+    if not owners or PLACEHOLDER_VALUE.fullmatch(value):
+        return ""
+    why = []
+    for script in owners:
+        try:
+            args = build_parser(SCRIPT_CONFIGS[script]).parse_args([f"--{name}", value])
+        except UserError as e:
+            why.append(f"{script}.py: {e}")
+            continue
+        if script == "train_ppo":
+            from mingpt_rlhf.rl_options import check_config
+            try:
+                check_config(SCRIPT_CONFIGS[script](**vars(args)))
+            except UserError as e:
+                if str(e).startswith(f"--{name} must"):
+                    why.append(f"{script}.py: {e}")
+                    continue
+        return ""
+    return "; ".join(why)
+
+
+def written_options(text: str):
+    """(line, name, value) of every option given a value in the page's inline code: `--name
+    value`, `--name=value`, `python script.py --a 1 --b x`; a value written `a|b|c` is each of
+    a, b, c. Code blocks are the commands' test's."""
+    text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    for m in re.finditer(r"`([^`\n]*--[^`\n]*)`", text):
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            words = shlex.split(m.group(1).replace("\\|", "|"))
+        except ValueError:
+            continue
+        for i, word in enumerate(words):
+            if not re.fullmatch(r"--\w+(=.*)?", word):
+                continue
+            name, eq, value = word[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(words) or words[i + 1].startswith("--"):
+                    continue
+                value = words[i + 1]
+            for one in value.split("|"):
+                yield line, name, one
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_option_value_the_docs_write_is_one_the_scripts_accept(page):
+    """`--ptx_coef 0`, `--algo grpo`, `--kl_in loss`: what a reader copies must run. Also a
+    value written beside the option, "`--ptx_coef` auto": the scripts' "auto" is -1 for a
+    number."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    where = os.path.relpath(page, ROOT)
+    problems = [f"line {line}: --{name} {value}: {why}" for line, name, value in written_options(text)
+                if (where, name, value) not in MISTAKES and (why := option_problem(name, value))]
+    for m in re.finditer(r"`--(\w+)`,? (?:default )?(auto)\b", prose(text)):
+        if why := option_problem(m.group(1), m.group(2)):
+            problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: `--{m.group(1)}` auto: {why}")
+    assert not problems, f"{where}:\n" + "\n".join(problems)
+
+
+def test_the_option_check_catches_a_wrong_type_a_wrong_choice_and_auto_for_a_number():
+    assert "invalid float value: 'auto'" in option_problem("ptx_coef", "auto")
+    assert "--algo must be" in option_problem("algo", "ppo2")
+    assert "--sampler_lag must be" in option_problem("sampler_lag", "9")
+    assert option_problem("group_size", "4") == option_problem("lr", "3e-4") == ""
+    assert option_problem("seeds", "0") == ""  # a bench's option, not a script's
+    assert [x[1:] for x in written_options("run `--kl_in loss` or `--reward rm\\|task` and "
+                                           "`python train_ppo.py --actor_lr=1e-4 --resume`")] == \
+        [("kl_in", "loss"), ("reward", "rm"), ("reward", "task"), ("actor_lr", "1e-4")]
+
+
+def scripts_md_defaults():
+    """(script, option, the default scripts.md's table gives, line) for every row of the
+    option tables under each script's heading: `| --a, --b | 1, x | ... |`, one value per
+    option (or one for all), "none" for an empty default, "-1 (auto: ...)" kept to its -1."""
+    with open(os.path.join(ROOT, "docs", "scripts.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    script = None
+    for i, line in enumerate(lines):
+        heading = re.match(r"## `(\w+)\.py`", line)
+        if heading:
+            script = heading.group(1)
+        elif line.startswith("## "):
+            script = None
+        if script not in SCRIPTS or not line.startswith("| `--"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        names = re.findall(r"--(\w+)", cells[0])
+        values, depth, word = [], 0, ""  # split the defaults on ", " outside brackets and code
+        for ch in cells[1] + ",":
+            depth += ch in "([" and 1 or ch in ")]" and -1 or 0
+            if ch == "`":
+                depth += -1 if word.count("`") % 2 else 1
+            if ch == "," and depth == 0:
+                values.append(word.strip())
+                word = ""
+            else:
+                word += ch
+        values = [v.split(" (")[0].strip("` ") for v in values] if " / " not in cells[1] else \
+            [v.split(" (")[0].strip("` ") for v in cells[1].split(" / ")]
+        if len(values) == 1:
+            values = values * len(names)
+        assert len(values) == len(names), f"docs/scripts.md line {i + 1}: {names} against {values}"
+        yield from ((script, n, v, i + 1) for n, v in zip(names, values))
+
+
+def test_the_defaults_scripts_md_gives_are_the_configs():
+    """Each default in docs/scripts.md's option tables is the script's Config default, written
+    as `--help` prints it ("none" for an empty one)."""
+    found, wrong = list(scripts_md_defaults()), []
+    for script, name, value, line in found:
+        config = SCRIPT_CONFIGS[script]
+        field = next((f for f in dataclasses.fields(config) if f.name == name), None)
+        if field is None:
+            wrong.append(f"line {line}: {script}.py has no --{name}")
+            continue
+        parsed = "" if value == "none" else \
+            getattr(build_parser(config).parse_args([f"--{name}", value]), name)
+        if parsed != field.default:
+            wrong.append(f"line {line}: --{name} default {value!r}, the Config's is {field.default!r}")
+    assert len(found) > 60 and not wrong, "\n".join(wrong)
