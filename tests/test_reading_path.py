@@ -1,0 +1,173 @@
+"""bench/reading_path.py: the lines a reader reads to follow one default PPO iteration, held
+under a budget that only goes down, and the tracer's own count checked on hand-made code.
+
+BUDGET is a ratchet: a change that makes the default iteration longer to read fails here; one
+that makes it shorter by more than 2 % fails too, until BUDGET is lowered to the new count
+(the goal is a default iteration that reads in about 900 lines).
+"""
+import importlib.util
+import textwrap
+
+from conftest import bench_module
+
+# measured 2197 at d8d7665 (bench/results/reading_path.json), rounded up by 1 %
+BUDGET = 2220
+
+
+def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
+    reading_path = bench_module("reading_path")
+    root = stages[0]  # the SFT and RM of reading_path.SFT_OPTIONS / RM_OPTIONS
+    result = reading_path.trace_default_iteration(str(root / "sft"), str(root / "rm"),
+                                                  str(tmp_path / "ppo"))
+    listed = {phase: {(r["file"], r["function"]) for r in result["functions"] if r["phase"] == phase}
+              for phase in reading_path.PHASES}
+    # the phases are where they should be: the loop in the iteration, the rest around it
+    assert {("train_ppo.py", "main"), ("mingpt_rlhf/ppo_trainer.py", "PPOTrainer.step"),
+            ("mingpt_rlhf/ppo.py", "gae")} <= listed["iteration"]
+    assert ("mingpt_rlhf/rl_options.py", "check_config") in listed["set-up"]
+    assert ("mingpt_rlhf/rollouts.py", "RolloutRecorder.record") in listed["eval"]
+    assert ("mingpt_rlhf/checkpoint.py", "save_checkpoint") in listed["end"]
+    lines = result["phases"]["iteration"]["lines"]
+    by_file = sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"])
+    files = ", ".join(f"{name} {f['lines']}" for name, f in by_file)
+    assert lines <= BUDGET, (f"one default PPO iteration now reads in {lines} lines, more than "
+                             f"the budget of {BUDGET} ({files}); python bench/reading_path.py "
+                             f"lists every function")
+    assert lines >= 0.98 * BUDGET, (f"one default PPO iteration now reads in {lines} lines: "
+                                    f"lower BUDGET to {lines} (and rerun python "
+                                    f"bench/reading_path.py for its JSON)")
+
+
+def load_module(tmp_path, name: str, source: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, str(path)
+
+
+FAKE = '''\
+    """A fake module: its docstring
+    is two lines."""
+
+
+    def numbers(n):
+        for i in range(n):
+            yield i
+
+
+    def outer(x):
+        """Nested functions count in outer's lines."""
+        def inner(y):
+            return y + 1
+        total = sum(inner(v) for v in numbers(x))
+        if x > 100:
+            total = -1
+        elif x < 0:
+            raise ValueError("negative")
+        assert total >= 0, "positive"
+        return total
+
+
+    def never_called():
+        return 0
+'''
+
+
+def test_the_tracer_counts_each_function_once_and_reports_an_untaken_branch(tmp_path):
+    reading_path = bench_module("reading_path")
+    fake, path = load_module(tmp_path, "fake_path", FAKE)
+    with reading_path.Tracer([path]) as tracer:
+        assert fake.outer(3) == 6
+    result = reading_path.report(tracer)
+    rows = {r["function"]: r for r in result["functions"]}
+    assert set(rows) == {"numbers", "outer"}  # inner and the generator expression are outer's
+    assert rows["numbers"]["lines"] == 3 and rows["numbers"]["unrun_lines"] == []
+    assert rows["outer"]["lines"] == 11
+    # the untaken branch is listed; the error path (raise) and the assert are not
+    assert rows["outer"]["unrun_lines"] == [[16, "        total = -1"]]
+    assert rows["outer"]["ran_lines"] == 6  # def inner, return y + 1, total =, if, elif, return
+    assert result["phases"]["iteration"]["lines"] == 3 + 11 + 2  # + the module docstring, once
+    assert result["phases"]["iteration"]["new_files"] == 1
+
+
+FAKE_SCRIPT = '''\
+    def prepare():
+        return 1
+
+
+    class Trainer:
+        def step(self):
+            return helper()
+
+
+    def helper():
+        return 2
+
+
+    def evaluate():
+        return helper() + prepare()
+
+
+    def finish():
+        return 3
+
+
+    def main(n):
+        prepare()
+        trainer = Trainer()
+        evaluate()
+        for step in range(n):
+            trainer.step()
+        evaluate()
+        return finish()
+'''
+
+
+def test_the_phases_follow_mains_lines_and_the_evals(tmp_path):
+    """What the loop of main calls is the iteration, even when the set-up or an eval calls it
+    too; the rest falls in the first phase that entered it."""
+    reading_path = bench_module("reading_path")
+    fake, path = load_module(tmp_path, "fake_script", FAKE_SCRIPT)
+    first, last = reading_path.training_loop(fake.main)
+    assert (first, last) == (26, 27)
+    with reading_path.Tracer([path], loop=(fake.main.__code__, first, last),
+                             eval_codes=reading_path.eval_codes(fake)) as tracer:
+        fake.main(2)
+    phases = {r["function"]: r["phase"] for r in reading_path.report(tracer)["functions"]}
+    assert phases == {"main": "iteration", "Trainer.step": "iteration", "helper": "iteration",
+                      "prepare": "set-up", "evaluate": "eval", "finish": "end"}
+
+
+def test_unrun_lines_of_a_hand_made_function():
+    """The statements that did not run, given the lines that did: a multi-line statement runs
+    when any of its lines does; `else:` is no statement; error paths are never listed."""
+    import ast
+    reading_path = bench_module("reading_path")
+    source = textwrap.dedent('''\
+        def f(a, b):
+            """Doc."""
+            x = g(a,
+                  b)
+            if a:
+                y = 1
+            else:
+                y = 2
+            try:
+                z = h()
+            except KeyError:
+                raise ValueError("x")
+            if not z:
+                raise ValueError("y")
+            for i in range(3):
+                pass
+            return y
+        ''')
+    node = ast.parse(source).body[0]
+    ran, unrun = reading_path.unrun_statements(node, {4, 5, 6, 9, 10, 13, 15, 16, 17})
+    assert unrun == [8]
+    assert ran == [3, 4, 5, 6, 9, 10, 13, 15, 16, 17]
+    # nothing after the `try` ran: its body, the loop and the return are listed, whole
+    ran, unrun = reading_path.unrun_statements(node, {5, 6, 9})
+    assert unrun == [3, 4, 8, 10, 13, 15, 16, 17]
