@@ -489,9 +489,10 @@ def main():
               "total": result["phases"]["iteration"]["lines"], **result}
     print_table(result)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    with open(args.json, "w") as f:  # one line per function: a diff shows what moved
+        rows = ",\n  ".join(json.dumps(r) for r in result["functions"])
+        rest = json.dumps({k: v for k, v in result.items() if k != "functions"}, indent=1)
+        f.write(rest[:-2] + f',\n "functions": [\n  {rows}\n ]\n}}\n')
     print(f"\nwrote {args.json}")
 
 
