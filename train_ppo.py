@@ -39,7 +39,6 @@ run's curves and those tokens in one page: python -m mingpt_rlhf.report).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -54,11 +53,11 @@ from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, 
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
 from mingpt_rlhf.distributed import rank as process_rank
-from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, environment_figures, load_env
+from mingpt_rlhf.episodes import EnvironmentReward, EpisodeSeeds, EpisodeSource, load_env
 from mingpt_rlhf.ensemble import EnsembleReward, RewardEnsemble, load_reward
 from mingpt_rlhf.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
-from mingpt_rlhf.hacking import HackingMonitor, HeldOutGap
+from mingpt_rlhf.hacking import HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.lora import add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import GROUP_ALGOS
@@ -75,6 +74,7 @@ from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
                                  prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                  seed_everything)
 from mingpt_rlhf.tasks import get_task
+from mingpt_rlhf.watch import RunWatch
 
 
 @dataclass
@@ -393,22 +393,6 @@ def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
             decode_rows(tokenizer, exp.sequences[:, :T], exp.attention_mask[:, :T]))
 
 
-def idle_update_warning(stats: dict, step: int, cfg: Config) -> str:
-    """The line printed the first time an iteration's update takes no optimizer step, with
-    its cause: an iteration that learned nothing must not pass unseen."""
-    if stats["early_stop_kl"] > 0:
-        cause = (f"its first minibatch's approx-KL {stats['early_stop_kl']:.4g} already passed "
-                 f"--target_kl {cfg.target_kl:g} before any step (it is measured from the "
-                 f"learner's own log-probs, so the scoring and the learning pass disagree: "
-                 f"compare --dtype float32, or raise --target_kl)")
-    elif "kept_rows" in stats and stats["kept_rows"] == 0:
-        cause = "dynamic sampling kept no group with a signal (every group's scores tied)"
-    else:
-        cause = "every loss was non-finite (see skipped_updates)"
-    return (f"warning: iteration {step}'s update took no optimizer step: {cause}. The run's "
-            f"closing lines count such updates")
-
-
 def share_of_process(cfg: Config, world: int) -> Config:
     """The sizes one process works with under torchrun: its share of every rollout batch and
     of every minibatch (whole GRPO / RLOO groups). One process: `cfg` itself."""
@@ -425,6 +409,102 @@ def share_of_process(cfg: Config, world: int) -> Config:
     return replace(cfg, rollout_batch_size=cfg.rollout_batch_size // world,
                    minibatch_size=cfg.minibatch_size // world,
                    score_batch_size=cfg.score_batch_size or cfg.minibatch_size)
+
+
+def reward_of(cfg: Config, rm, task, tokenizer, rows: int, device, dtype):
+    """Where the RL reward comes from (rewards.py): the reward model's normalised score at
+    the last real token (an ensemble's combined, with --heldout_rm_dir also a held-out model's
+    gap), the task's own check, a user's function, or the environment's steps."""
+    amp = lambda: autocast(device, dtype)
+    if cfg.reward == "env":
+        return EnvironmentReward()  # each step of the environment gives its reward
+    if cfg.reward == "task":
+        return task_reward(task, tokenizer)
+    if cfg.reward != "rm":
+        return TextReward(*load_function(cfg.reward), tokenizer)
+    # an ensemble's reward also keeps its members' disagreement (ens_std)
+    reward_fn = (EnsembleReward if isinstance(rm, RewardEnsemble) else ModelReward)(rm, rows, amp)
+    if cfg.heldout_rm_dir:  # scores every rollout too, to log the gap (hacking.py)
+        heldout = load_reward_model(cfg.heldout_rm_dir, tokenizer, cfg.init_from or cfg.sft_dir)
+        hold_frozen_in(heldout.to(device), dtype)
+        reward_fn = HeldOutGap(reward_fn, heldout, rows, amp)
+    return reward_fn
+
+
+class TrainingPrompts:
+    """The prompts of each rollout batch and the held-out evaluation. `draw()` gives this
+    process's share of one rollout batch, (ids, mask, fields): rollout_batch_size prompts drawn
+    at random, or for grpo / rloo rollout_batch_size / group_size prompts each repeated
+    group_size times in a row (a group); every rank draws the same ones and keeps its slice
+    (whole groups). `fields`: the prompts file's other columns, for the reward function.
+    (With --env, episodes.EpisodeSeeds plays this part.)"""
+
+    def __init__(self, cfg: Config, local: Config, tokenizer, task, train_rows, eval_rows,
+                 device, generator):
+        self.cfg, self.local, self.tokenizer, self.task, self.device = cfg, local, tokenizer, task, device
+        self.train_rows, self.eval_rows = train_rows, eval_rows
+        self.max_prompt = None  # set by `encode`, once the policy's block size is known
+        self.generator = generator  # which prompts: the same on every rank
+        self.group = cfg.group_size if cfg.algo in GROUP_ALGOS else 1
+
+    def encode(self, block_size: int) -> None:
+        require_room_for_prompt(self.cfg.max_new_tokens, block_size)
+        self.max_prompt = block_size - self.cfg.max_new_tokens
+        self.encoded = [encode_prompt(self.tokenizer, r["prompt"], self.max_prompt)
+                        for r in self.train_rows]
+
+    def describe(self) -> str:
+        return f"{len(self.train_rows)} train / {len(self.eval_rows)} eval prompts"
+
+    def draw(self):
+        idx = torch.randint(len(self.encoded), (self.cfg.rollout_batch_size // self.group,),
+                            generator=self.generator)
+        indices = shard(idx.repeat_interleave(self.group).tolist(), self.local.rollout_batch_size)
+        ids, mask = left_pad([self.encoded[i] for i in indices], self.tokenizer.pad_id)
+        return ids.to(self.device), mask.to(self.device), fields_of([self.train_rows[i] for i in indices])
+
+    def figures(self, experiences) -> dict:
+        """The training batch's gold (a built-in task), the mean over every process."""
+        if self.task is None:
+            return {}
+        golds = [self.task.gold_reward(p, r) for e in experiences
+                 for r, p in zip(*response_and_prompt_texts(self.tokenizer, e))]
+        return mean_over_ranks({"gold": sum(golds) / len(golds)})
+
+    @torch.no_grad()
+    def evaluate(self, step: int, trainer, recorder, log, reward_fn, score_name: str) -> dict:
+        """Held-out prompts, sampled as in training, scored by the reward, KL and (if any) gold."""
+        cfg, tokenizer, task = self.cfg, self.tokenizer, self.task
+        gen = torch.Generator(device=self.device).manual_seed(cfg.seed + 7)  # same samples each eval
+        reward_fn.begin(f"the eval at iteration {step}")
+        eval_prompts = [r["prompt"] for r in self.eval_rows]
+        rows = [encode_prompt(tokenizer, p, self.max_prompt) for p in eval_prompts]
+        figures, responses, prompts = {score_name: 0.0, "kl": 0.0}, [], []
+        # rank 0 evaluates alone, in batches of one process's share (and, inside
+        # make_experience, of --generate_batch_size): the memory a training rollout needs
+        batch = self.local.rollout_batch_size
+        for i in range(0, len(rows), batch):
+            ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
+            fields = fields_of(self.eval_rows[i:i + batch])
+            exp, stats = trainer.make_experience(ids.to(self.device), mask.to(self.device), gen,
+                                                 for_update=False, fields=fields)
+            recorder.record(trainer, step, exp, first=i, fields=fields)
+            n = len(exp.scores)
+            figures[score_name] += stats["rm_score"] * n
+            figures["kl"] += stats["kl"] * n
+            responses += response_and_prompt_texts(tokenizer, exp)[0]
+            prompts += eval_prompts[i:i + n]
+        figures = {k: v / len(rows) for k, v in figures.items()}
+        figures["distinct2"] = distinct_n(responses, 2)
+        if task is not None:
+            figures["gold"] = sum(task.gold_reward(p, r) for p, r in zip(prompts, responses)) / len(rows)
+            figures["well_formed"] = sum(task.well_formed(p, r) for p, r in zip(prompts, responses)) / len(rows)
+            figures.update(task.extra_eval_figures(prompts, responses))  # sort: gold_unseen
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        for p, r in list(zip(prompts, responses))[:3]:
+            tqdm.write(f"  [{p}] {r}")
+        return figures
 
 
 def main(cfg: Config) -> dict:
@@ -455,11 +535,16 @@ def main(cfg: Config) -> dict:
     # ---- models
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
 
-    # ---- data: prompts to roll out on, held-out prompts, demonstrations for ptx
+    # ---- data: prompts to roll out on (or episodes' seeds), demonstrations for ptx
     task = None if cfg.prompts or cfg.env else get_task(cfg.task, seed=cfg.seed)
-    env_class, env_name = load_env(cfg.env) if cfg.env else (None, "")
-    train_rows, eval_rows = prompt_splits(cfg, task) if not cfg.env else ([], [])
-    train_prompts, eval_prompts = [r["prompt"] for r in train_rows], [r["prompt"] for r in eval_rows]
+    prompt_gen = torch.Generator().manual_seed(cfg.seed)  # which prompts: the same on every rank
+    if cfg.env:
+        env_class, env_name = load_env(cfg.env)
+        source = EpisodeSeeds(cfg, local, env_class, env_name, device, prompt_gen)
+    else:
+        env_class = None
+        source = TrainingPrompts(cfg, local, tokenizer, task, *prompt_splits(cfg, task), device,
+                                 prompt_gen)
     ptx_data = None
     if cfg.ptx_coef > 0:
         demos = load_sft_jsonl(cfg.ptx_data) if cfg.ptx_data else (task.sft_examples("train") if task else None)
@@ -469,84 +554,40 @@ def main(cfg: Config) -> dict:
             raise UserError("--ptx_coef > 0 needs demonstrations: pass --ptx_data demos.jsonl, "
                             "or --ptx_coef 0")
         ptx_data = SFTData(tokenizer, demos, actor.config.block_size)
-    require_room_for_prompt(cfg.max_new_tokens, actor.config.block_size)
-    max_prompt = actor.config.block_size - cfg.max_new_tokens
-    encoded_prompts = [encode_prompt(tokenizer, p, max_prompt) for p in train_prompts]
+    source.encode(actor.config.block_size)
 
-    # ---- trainer (optimizers, KL controller)
+    # ---- the reward, the KL controller, the trainer (its optimizers)
+    reward_fn = reward_of(cfg, rm, task, tokenizer, local.score_batch_size or local.minibatch_size,
+                          device, dtype)
+    score_name = "rm_score" if cfg.reward == "rm" else "reward"  # what the logs call it
     kl_ctl = (FixedKLController(0.0) if cfg.algo == "online_dpo"  # its KL: DPO's beta, in the loss
               else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
-
-    # the reward: the RM's normalised score at the last real token, or a check of the text
-    if cfg.reward == "rm":
-        # an ensemble's reward also keeps its members' disagreement (ens_std)
-        scorer = EnsembleReward if isinstance(rm, RewardEnsemble) else ModelReward
-        reward_fn = scorer(rm, local.score_batch_size or local.minibatch_size,
-                           amp=lambda: autocast(device, dtype))
-        if cfg.heldout_rm_dir:  # scores every rollout too, to log the gap (hacking.py)
-            heldout = load_reward_model(cfg.heldout_rm_dir, tokenizer, cfg.init_from or cfg.sft_dir)
-            hold_frozen_in(heldout.to(device), dtype)
-            reward_fn = HeldOutGap(reward_fn, heldout, local.score_batch_size or local.minibatch_size,
-                                   amp=lambda: autocast(device, dtype))
-    elif cfg.reward == "env":
-        reward_fn = None  # each step of the environment gives its reward
-    elif cfg.reward == "task":
-        reward_fn = task_reward(task, tokenizer)
-    else:
-        reward_fn = TextReward(*load_function(cfg.reward), tokenizer)
-    score_name = "rm_score" if cfg.reward == "rm" else "reward"  # what the logs call it
-
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
                          ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype,
                          episodes=EpisodeSource(env_class, env_name, tokenizer, cfg.max_turns,
                                                 cfg.mask_env) if cfg.env else None)
-    prompt_gen = torch.Generator().manual_seed(cfg.seed)  # which prompts: the same on every rank
     # sampling needs a generator on the model's device; randperm / randint (minibatch order,
     # ptx batches) build CPU tensors and refuse a CUDA one, so they get a CPU generator.
     # Under torchrun each rank has its own streams (rank 0's are a single process's).
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + 1000 * rank)
     shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2 + 1000 * rank)
+    watch = RunWatch(cfg)  # the run's warnings and reward-hacking signals (watch.py)
     step = 0
-    kl_high = 0  # iterations whose KL exceeded twice the target (for the one warning)
     if resumed:
-        load_resume_state(actor, resumed["actor"], ckpt_path)
-        if critic is not None:
-            load_resume_state(critic, resumed["critic"], ckpt_path)
-        elif value_head is not None:
-            load_state_dict_checked(value_head, resumed["value_head"], ckpt_path)
-        trainer.actor_opt.load_state_dict(resumed["actor_opt"])
-        if trainer.critic_opt is not None:
-            trainer.critic_opt.load_state_dict(resumed["critic_opt"])
-        kl_ctl.load_state_dict(resumed["kl_ctl"])
-        kl_high = resumed["kl_over_target"]
-        prompt_gen.set_state(resumed["prompt_rng"])
-        if not trainer.queue.load(resumed.get("sampler_behind"), [p.shape for p in trainable(actor)]):
-            raise UserError(f"{ckpt_path} holds a lagging sampler's weights of another model or "
-                            f"lag; resume with the options it was trained with")
-        restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
+        restore(resumed, ckpt_path, trainer, critic, value_head, watch, prompt_gen,
+                sample_gen, shuffle_gen)
         step = resumed["step"]
     initial = resumed.get("initial_eval") if resumed else None  # the SFT policy's figures
     log = MetricsLog(cfg.out_dir, resume_step=step if resumed else None,
                      time_offset=resumed["time"] if resumed else 0.0)
-    # the reward-hacking signals and warning (hacking.py), from the training lines logged so far
-    monitor = HackingMonitor(cfg.warning_window, [r for r in read_metrics(log.path)
-                                                  if "split" not in r and not r.get("final")]
-                             if resumed and is_main() else [])
+    watch.resume([r for r in read_metrics(log.path) if "split" not in r and not r.get("final")]
+                 if resumed and is_main() else [])
     # the same held-out prompts at every eval, token by token, for report.html (rollouts.py)
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
-    trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
-    method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
-              if cfg.algo == "reinforce++" else
-              f"{cfg.algo}, groups of {cfg.group_size}")
-    method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
-               if cfg.algo == "online_dpo" else f", KL {cfg.kl_estimator} in the {cfg.kl_in}")
-    data = (f"episodes of {env_name} (up to {cfg.max_turns} turns), {cfg.eval_prompts} eval "
-            f"episodes" if cfg.env else f"{len(train_prompts)} train / {len(eval_prompts)} eval prompts")
-    print(f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M trained), {data}, "
-          f"device {device}, {str(dtype).replace('torch.', '')}")
+    print(run_line(cfg, actor, source, device, dtype))
 
     def save(step: int):
         save_checkpoint(ckpt_path, {
@@ -557,153 +598,34 @@ def main(cfg: Config) -> dict:
             "value_head": value_head.state_dict() if value_head is not None else None,
             "actor_opt": trainer.actor_opt.state_dict(),
             "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
-            "kl_ctl": kl_ctl.state_dict(), "kl_over_target": kl_high, "step": step,
+            "kl_ctl": kl_ctl.state_dict(), "kl_over_target": watch.kl_high, "step": step,
             "rng": rank_rng_states(sample=sample_gen, shuffle=shuffle_gen),
             "prompt_rng": prompt_gen.get_state(),
             "sampler_behind": trainer.queue.state(),  # --sampler_lag: the sampler's weights
             "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
-    def draw_prompts() -> list[int]:
-        """Prompt indices of this process's share of one rollout batch: grpo / rloo draw
-        rollout_batch_size / k prompts and repeat each k times in a row (a group), ppo draws
-        rollout_batch_size; every rank draws the same ones and keeps its slice (whole groups)."""
-        k = cfg.group_size if cfg.algo in GROUP_ALGOS else 1
-        if cfg.env:  # episode seeds, above the held-out ones; a group shares its seed
-            idx = torch.randint(HELD_OUT_SEEDS, 2 ** 31 - 1, (cfg.rollout_batch_size // k,),
-                                generator=prompt_gen)
-            return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
-        idx = torch.randint(len(encoded_prompts), (cfg.rollout_batch_size // k,), generator=prompt_gen)
-        return shard(idx.repeat_interleave(k).tolist(), local.rollout_batch_size)
-
-    def batch_of_prompts(indices):
-        """(ids, mask, fields) of these training prompts; fields: the prompts file's other
-        columns, one value per row, for the reward function."""
-        ids, mask = left_pad([encoded_prompts[i] for i in indices], tokenizer.pad_id)
-        return ids.to(device), mask.to(device), fields_of([train_rows[i] for i in indices])
-
-    def scoring(at: str):  # a reward from code names where the run was in its errors
-        if hasattr(reward_fn, "begin"):  # (and an ensemble's figures start again)
-            reward_fn.begin(at)
-
-    @torch.no_grad()
-    def evaluate_episodes(step: int) -> dict:
-        """Held-out episodes (seeds 0, 1, ...), sampled as in training: the mean return, KL,
-        turns and the share the environment ended, and the built-in environment's figures."""
-        gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
-        seeds = list(range(cfg.eval_prompts))
-        sums, transcripts, returns = {"reward": 0.0, "kl": 0.0, "turns": 0.0, "done_rate": 0.0}, [], []
-        for i in range(0, len(seeds), local.rollout_batch_size):
-            exp, stats, ep = trainer.play(seeds[i:i + local.rollout_batch_size], gen, for_update=False)
-            recorder.record(trainer, step, exp, first=i, episodes=ep)
-            n = len(ep.seeds)
-            for k, source in (("reward", "rm_score"), ("kl", "kl"), ("turns", "turns"),
-                              ("done_rate", "eos_rate")):
-                sums[k] += stats[source] * n
-            transcripts += ep.transcripts
-            returns += ep.returns.tolist()
-        figures = {k: v / len(seeds) for k, v in sums.items()}
-        figures.update(environment_figures(env_class, transcripts, returns))
-        log.log(step, split="eval", **figures)
-        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
-        for transcript in transcripts[:2]:
-            tqdm.write("  " + " | ".join(f"{role} {text}" for role, text in transcript))
-        return figures
-
-    @torch.no_grad()
     def evaluate(step: int) -> dict:
-        """Held-out prompts, sampled as in training, scored by RM, KL and (if any) gold."""
-        if cfg.env:
-            return evaluate_episodes(step)
-        gen = torch.Generator(device=device).manual_seed(cfg.seed + 7)  # same samples each eval
-        scoring(f"the eval at iteration {step}")
-        rows = [encode_prompt(tokenizer, p, max_prompt) for p in eval_prompts]
-        figures, responses, prompts = {score_name: 0.0, "kl": 0.0}, [], []
-        # rank 0 evaluates alone, in batches of one process's share (and, inside
-        # make_experience, of --generate_batch_size): the memory a training rollout needs
-        batch = local.rollout_batch_size
-        for i in range(0, len(rows), batch):
-            ids, mask = left_pad(rows[i:i + batch], tokenizer.pad_id)
-            exp, stats = trainer.make_experience(ids.to(device), mask.to(device), gen, for_update=False,
-                                                 fields=fields_of(eval_rows[i:i + batch]))
-            recorder.record(trainer, step, exp, first=i, fields=fields_of(eval_rows[i:i + batch]))
-            n = len(exp.scores)
-            figures[score_name] += stats["rm_score"] * n
-            figures["kl"] += stats["kl"] * n
-            responses += response_and_prompt_texts(tokenizer, exp)[0]
-            prompts += eval_prompts[i:i + n]
-        figures = {k: v / len(rows) for k, v in figures.items()}
-        figures["distinct2"] = distinct_n(responses, 2)
-        if task is not None:
-            figures["gold"] = sum(task.gold_reward(p, r) for p, r in zip(prompts, responses)) / len(rows)
-            figures["well_formed"] = sum(task.well_formed(p, r) for p, r in zip(prompts, responses)) / len(rows)
-            figures.update(task.extra_eval_figures(prompts, responses))  # sort: gold_unseen
-        log.log(step, split="eval", **figures)
-        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
-        for p, r in list(zip(prompts, responses))[:3]:
-            tqdm.write(f"  [{p}] {r}")
-        return figures
+        return source.evaluate(step, trainer, recorder, log, reward_fn, score_name)
 
     # ---- loop
     if step == 0 and is_main():
         initial = evaluate(0)
-    first_step = step  # this process's first iteration, resumed or not (the missing-EOS warning)
-    idle_warned = False  # an update that took no step is said once; the closing lines count them
+    watch.first_step = step  # this process's first iteration, resumed or not
     bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc=cfg.algo,
                dynamic_ncols=True, disable=not is_main())
     for step in bar:
-        # linear decay of every learning rate to 0 over the run
-        scale = lr_at(step, cfg.max_iters, 1.0, 0, "linear")
-        trainer.actor_opt.set_lr_scale(scale)
-        if trainer.critic_opt is not None:
-            trainer.critic_opt.set_lr_scale(scale)
-        batches = [draw_prompts() if cfg.env else batch_of_prompts(draw_prompts())
-                   for _ in range(cfg.rollouts_per_update)]
-        scoring(f"iteration {step + 1}")
-        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen,
-                                          refill=lambda: (draw_prompts() if cfg.env else
-                                                          batch_of_prompts(draw_prompts())))
+        trainer.set_lr_scale(lr_at(step, cfg.max_iters, 1.0, 0, "linear"))  # linear decay to 0
+        batches = [source.draw() for _ in range(cfg.rollouts_per_update)]
+        reward_fn.begin(f"iteration {step + 1}")  # errors of a reward from code name where
+        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen, refill=source.draw)
         stats[score_name] = stats.pop("rm_score")
-        if cfg.env:
-            returns = [x for e in experiences for x in e.scores.tolist()]  # each episode's
-            stats.update(mean_over_ranks(environment_figures(env_class, None, returns)))
-        if task is not None:
-            golds = [task.gold_reward(p, r) for e in experiences
-                     for r, p in zip(*response_and_prompt_texts(tokenizer, e))]
-            stats["gold"] = mean_over_ranks({"gold": sum(golds) / len(golds)})["gold"]
-        if hasattr(reward_fn, "figures"):  # an ensemble's ens_std, the held-out heldout_gap
-            stats.update(mean_over_ranks(reward_fn.figures()))
-        warning, message = monitor.update(stats, step + 1)
-        stats.update(warning)
-        if message and is_main():
-            tqdm.write(message)
+        stats.update(source.figures(experiences))  # the gold of a built-in task
+        stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
+        stats.update(watch.check(stats, step + 1, kl_ctl.value))  # warnings, hacking signals
         log.log(step + 1, **stats)
-        if stats["minibatch_steps"] == 0 and not idle_warned and is_main():
-            idle_warned = True
-            tqdm.write(idle_update_warning(stats, step + 1, cfg))
-        if step == first_step and is_main() and not cfg.env and cfg.penalize_missing_eos \
-                and stats["eos_rate"] < 0.1:
-            tqdm.write(f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
-                       f"--max_new_tokens {cfg.max_new_tokens} without EOS, and their scores "
-                       f"replaced by --missing_eos_penalty {cfg.missing_eos_penalty:g}: the "
-                       f"run learns from the penalty, not the reward. For a task without EOS "
-                       f"(a text continued for a fixed length) pass --penalize_missing_eos "
-                       f"false; else raise --max_new_tokens")
-        kl_high += stats["kl"] > 2 * cfg.kl_target
-        if kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
-            # advice in the options this run reads: online DPO's KL is its beta
-            hold = (f"raise --dpo_beta (now {cfg.dpo_beta:g})" if cfg.algo == "online_dpo" else
-                    f"raise --kl_coef (the starting beta, now {trainer.kl_ctl.value:.3g}), lower "
-                    f"--kl_horizon (beta reacts faster)" if cfg.adaptive_kl else
-                    f"raise --kl_coef (beta, now {trainer.kl_ctl.value:.3g})")
-            tqdm.write(f"warning: the KL to the SFT policy has been above twice --kl_target "
-                       f"({2 * cfg.kl_target:g} nats) in {kl_high} iterations (now "
-                       f"{stats['kl']:.1f}). To hold it: {hold}, lower --actor_lr, or set "
-                       f"--target_kl (stops an update early); or accept it with a larger "
-                       f"--kl_target")
-        shown = {"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}"}
-        if "gold" in stats:  # a built-in task's; a prompts file has none
-            shown["gold"] = f"{stats['gold']:.2f}"
-        bar.set_postfix(**shown, kl=f"{stats['kl']:.2f}")
+        bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}",
+                           **({"gold": f"{stats['gold']:.2f}"} if "gold" in stats else {}),
+                           "kl": f"{stats['kl']:.2f}"})
         if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
             if is_main():
                 evaluate(step + 1)
@@ -724,6 +646,39 @@ def main(cfg: Config) -> dict:
     report_of_run(cfg.out_dir)  # report.html: curves and recorded tokens, opens in a browser
     shutdown()
     return summary
+
+
+def restore(resumed: dict, ckpt_path: str, trainer, critic, value_head, watch, prompt_gen,
+            sample_gen, shuffle_gen) -> None:
+    """Every state a killed run saved, put back: weights, optimizers, the KL controller, the
+    warnings' counts, the lagging sampler's weights and every random stream."""
+    load_resume_state(trainer.actor, resumed["actor"], ckpt_path)
+    if critic is not None:
+        load_resume_state(critic, resumed["critic"], ckpt_path)
+    elif value_head is not None:
+        load_state_dict_checked(value_head, resumed["value_head"], ckpt_path)
+    trainer.actor_opt.load_state_dict(resumed["actor_opt"])
+    if trainer.critic_opt is not None:
+        trainer.critic_opt.load_state_dict(resumed["critic_opt"])
+    trainer.kl_ctl.load_state_dict(resumed["kl_ctl"])
+    watch.kl_high = resumed["kl_over_target"]
+    prompt_gen.set_state(resumed["prompt_rng"])
+    if not trainer.queue.load(resumed.get("sampler_behind"), [p.shape for p in trainable(trainer.actor)]):
+        raise UserError(f"{ckpt_path} holds a lagging sampler's weights of another model or "
+                        f"lag; resume with the options it was trained with")
+    restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
+
+
+def run_line(cfg: Config, actor, source, device, dtype) -> str:
+    """The line that says what this run trains, with what, on what."""
+    trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
+    method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
+              if cfg.algo == "reinforce++" else
+              f"{cfg.algo}, groups of {cfg.group_size}")
+    method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
+               if cfg.algo == "online_dpo" else f", KL {cfg.kl_estimator} in the {cfg.kl_in}")
+    return (f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M "
+            f"trained), {source.describe()}, device {device}, {str(dtype).replace('torch.', '')}")
 
 
 if __name__ == "__main__":

@@ -61,12 +61,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .data import left_pad
+from .distributed import mean_over_ranks, shard
 from .errors import UserError
 from .logprobs import tempered_logprobs
+from .losses import GROUP_ALGOS
 from .model import position_ids_from_mask
 from .rewards import load_function, real_number
+from .runtime import require_room_for_prompt
 from .sampling import GenerationOutput, next_token_logits, sample_next
 
 HELD_OUT_SEEDS = 1_000_000  # eval episodes use seeds below this, training episodes at or above
@@ -441,3 +445,72 @@ class EpisodeSource:
         return play_episodes(model, self.tokenizer, self.env_class, seeds, self.max_turns,
                              cfg.max_new_tokens, cfg.temperature, top_k or None,
                              top_p if top_p < 1 else None, generator, score, self.name)
+
+
+class EnvironmentReward:
+    """The reward source of a run with an environment: each step of the environment gives its
+    reward (`play`), so the trainer never calls this; it only has what the script asks of
+    every reward (rewards.ModelReward's `begin` and `figures`)."""
+    clipped = False
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("with an environment the rewards come from its steps")
+
+    def begin(self, at: str = "") -> None:
+        pass
+
+    def figures(self) -> dict:
+        return {}
+
+
+class EpisodeSeeds:
+    """train_ppo.py's source of rollouts with --env, in place of its TrainingPrompts: `draw()`
+    gives this process's share of one rollout batch's episode seeds (at or above
+    HELD_OUT_SEEDS; a group of group_size episodes shares its seed), `figures` the training
+    episodes' environment figures, `evaluate` plays the held-out seeds 0, 1, ..."""
+
+    def __init__(self, cfg, local, env_class, name: str, device, generator):
+        self.cfg, self.local, self.env_class, self.name = cfg, local, env_class, name
+        self.device, self.generator = device, generator
+        self.group = cfg.group_size if cfg.algo in GROUP_ALGOS else 1
+
+    def encode(self, block_size: int) -> None:
+        require_room_for_prompt(self.cfg.max_new_tokens, block_size)
+
+    def describe(self) -> str:
+        return (f"episodes of {self.name} (up to {self.cfg.max_turns} turns), "
+                f"{self.cfg.eval_prompts} eval episodes")
+
+    def draw(self) -> list[int]:
+        idx = torch.randint(HELD_OUT_SEEDS, 2 ** 31 - 1, (self.cfg.rollout_batch_size // self.group,),
+                            generator=self.generator)
+        return shard(idx.repeat_interleave(self.group).tolist(), self.local.rollout_batch_size)
+
+    def figures(self, experiences) -> dict:
+        returns = [x for e in experiences for x in e.scores.tolist()]  # each episode's
+        return mean_over_ranks(environment_figures(self.env_class, None, returns))
+
+    @torch.no_grad()
+    def evaluate(self, step: int, trainer, recorder, log, reward_fn=None, score_name="") -> dict:
+        """Held-out episodes (seeds 0, 1, ...), sampled as in training: the mean return, KL,
+        turns and the share the environment ended, and the built-in environment's figures."""
+        gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed + 7)  # same each eval
+        seeds = list(range(self.cfg.eval_prompts))
+        batch = self.local.rollout_batch_size
+        sums, transcripts, returns = {"reward": 0.0, "kl": 0.0, "turns": 0.0, "done_rate": 0.0}, [], []
+        for i in range(0, len(seeds), batch):
+            exp, stats, ep = trainer.play(seeds[i:i + batch], gen, for_update=False)
+            recorder.record(trainer, step, exp, first=i, episodes=ep)
+            n = len(ep.seeds)
+            for k, source in (("reward", "rm_score"), ("kl", "kl"), ("turns", "turns"),
+                              ("done_rate", "eos_rate")):
+                sums[k] += stats[source] * n
+            transcripts += ep.transcripts
+            returns += ep.returns.tolist()
+        figures = {k: v / len(seeds) for k, v in sums.items()}
+        figures.update(environment_figures(self.env_class, transcripts, returns))
+        log.log(step, split="eval", **figures)
+        tqdm.write(f"eval {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+        for transcript in transcripts[:2]:
+            tqdm.write("  " + " | ".join(f"{role} {text}" for role, text in transcript))
+        return figures

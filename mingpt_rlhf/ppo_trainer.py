@@ -195,6 +195,12 @@ class PPOTrainer:
         # a response's max_new_tokens, or every turn's of an episode
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Every learning rate (actor, critic, value head) at its peak x `scale`."""
+        self.actor_opt.set_lr_scale(scale)
+        if self.critic_opt is not None:
+            self.critic_opt.set_lr_scale(scale)
+
     @property
     def spec(self):
         """The entry of each role of losses.py this run uses (advantages, policy loss,

@@ -59,8 +59,17 @@ class ModelReward:
     whole rollout batch of long sequences would set the iteration's peak memory), under
     `amp()` (the run's mixed precision)."""
 
+    clipped = True  # normalised scores: --reward_clip cuts only their outliers
+
     def __init__(self, rm, rows: int, amp=contextlib.nullcontext):
         self.rm, self.rows, self.amp = rm, rows, amp
+
+    def begin(self, at: str = "") -> None:
+        """Where the run is (an eval, an iteration): a reward with state starts anew here."""
+
+    def figures(self) -> dict:
+        """What this reward measured since `begin`, to log (an ensemble's ens_std)."""
+        return {}
 
     def __call__(self, sequences, attention_mask, action_mask, **fields) -> torch.Tensor:
         with self.amp():
@@ -82,6 +91,9 @@ class TextReward:
     def begin(self, at: str) -> None:
         """Name the phase of the run the next calls score (errors say it)."""
         self.at, self.batches = at, 0
+
+    def figures(self) -> dict:
+        return {}
 
     def texts(self, sequences, attention_mask, action_mask) -> tuple[list[str], list[str]]:
         """(prompts, responses) decoded from a rollout batch (responses include their EOS)."""

@@ -19,6 +19,7 @@ from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.task_base import PreferencePair
 from mingpt_rlhf.tokenizer import WordTokenizer
+from mingpt_rlhf.watch import idle_update_warning
 from test_scripts import TINY, ppo_cfg, read_metrics, rm_cfg
 
 
@@ -252,5 +253,5 @@ def test_a_bf16_lora_ppo_run_saves_the_sft_weights_plus_its_adapters(stages, tmp
     ({"minibatch_steps": 0, "early_stop_kl": 0.0}, "every loss was non-finite"),
 ])
 def test_an_update_that_took_no_step_is_said_with_its_cause(stats, cause):
-    line = train_ppo.idle_update_warning(stats, 7, train_ppo.Config())
+    line = idle_update_warning(stats, 7, 0.02)
     assert line.startswith("warning: iteration 7's update took no optimizer step") and cause in line

@@ -1,0 +1,89 @@
+"""What the RL script says while a run goes: its warnings, and the reward-hacking signals.
+
+A run can go wrong in ways its progress bar does not show; each is said once, in one line that
+names the state and what to try, and the figures behind it are logged:
+
+- the first iteration's responses were mostly cut off at --max_new_tokens (the run then
+  learns from the missing-EOS penalty, not from the reward);
+- an iteration's update took no optimizer step (`minibatch_steps` 0; the cause is named);
+- the KL to the SFT policy stayed above twice --kl_target for a tenth of the run;
+- the reward-hacking warning (hacking.py): its signals are logged every iteration.
+
+    watch = RunWatch(cfg)
+    stats.update(watch.check(stats, step, beta))  # each iteration, before the line is logged
+"""
+from __future__ import annotations
+
+import math
+
+from tqdm import tqdm
+
+from .distributed import is_main
+from .hacking import HackingMonitor
+
+
+def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
+    """The line printed the first time an iteration's update takes no optimizer step, with
+    its cause: an iteration that learned nothing must not pass unseen."""
+    if stats["early_stop_kl"] > 0:
+        cause = (f"its first minibatch's approx-KL {stats['early_stop_kl']:.4g} already passed "
+                 f"--target_kl {target_kl:g} before any step (it is measured from the "
+                 f"learner's own log-probs, so the scoring and the learning pass disagree: "
+                 f"compare --dtype float32, or raise --target_kl)")
+    elif "kept_rows" in stats and stats["kept_rows"] == 0:
+        cause = "dynamic sampling kept no group with a signal (every group's scores tied)"
+    else:
+        cause = "every loss was non-finite (see skipped_updates)"
+    return (f"warning: iteration {step}'s update took no optimizer step: {cause}. The run's "
+            f"closing lines count such updates")
+
+
+class RunWatch:
+    """The warnings of one run (module docstring). `kl_high` (iterations whose KL passed twice
+    the target) is saved with the checkpoint; `first_step` is this process's first iteration,
+    resumed or not; `resume(history)` hands the hacking monitor the lines already logged."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.kl_high = 0
+        self.first_step = 0
+        self.idle_warned = False  # an update that took no step is said once
+        self.monitor = HackingMonitor(cfg.warning_window)
+
+    def resume(self, history: list[dict]) -> None:
+        self.monitor = HackingMonitor(self.cfg.warning_window, history)
+
+    def check(self, stats: dict, step: int, beta: float) -> dict:
+        """The figures to log with iteration `step` (the signals and hacking_warning); prints
+        each warning whose time has come (on the main process). `beta`: the KL coefficient
+        after the update, for the KL warning."""
+        cfg = self.cfg
+        figures, message = self.monitor.update(stats, step)
+        lines = [message] if message else []
+        if stats["minibatch_steps"] == 0 and not self.idle_warned:
+            self.idle_warned = True
+            lines.append(idle_update_warning(stats, step, cfg.target_kl))
+        if step - 1 == self.first_step and not cfg.env and cfg.penalize_missing_eos \
+                and stats["eos_rate"] < 0.1:
+            lines.append(f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
+                         f"--max_new_tokens {cfg.max_new_tokens} without EOS, and their scores "
+                         f"replaced by --missing_eos_penalty {cfg.missing_eos_penalty:g}: the "
+                         f"run learns from the penalty, not the reward. For a task without EOS "
+                         f"(a text continued for a fixed length) pass --penalize_missing_eos "
+                         f"false; else raise --max_new_tokens")
+        self.kl_high += stats["kl"] > 2 * cfg.kl_target
+        if self.kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
+            # advice in the options this run reads: online DPO's KL is its beta
+            hold = (f"raise --dpo_beta (now {cfg.dpo_beta:g})" if cfg.algo == "online_dpo" else
+                    f"raise --kl_coef (the starting beta, now {beta:.3g}), lower "
+                    f"--kl_horizon (beta reacts faster)" if cfg.adaptive_kl else
+                    f"raise --kl_coef (beta, now {beta:.3g})")
+            lines.append(f"warning: the KL to the SFT policy has been above twice --kl_target "
+                         f"({2 * cfg.kl_target:g} nats) in {self.kl_high} iterations (now "
+                         f"{stats['kl']:.1f}). To hold it: {hold}, lower --actor_lr, or set "
+                         f"--target_kl (stops an update early); or accept it with a larger "
+                         f"--kl_target")
+        if is_main():
+            for line in lines:
+                tqdm.write(line)
+        return figures
