@@ -35,7 +35,7 @@ import torch
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
 from .distributed import tokens_per_rank
-from .online_dpo import pair_loss, preference_signs, preferred_pairs
+from .online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, gae, kl_shaped_rewards, masked_mean, masked_whiten,
                   policy_loss, reduce_tokens)
 from .refinements import reinforce_pp_advantages, sequence_policy_loss
@@ -165,6 +165,15 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
 
 
 POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo}
+
+
+def every_row(exp, group_size: int):
+    return exp
+
+
+# which rows of a rollout a policy loss learns from, and how many consecutive rows a
+# minibatch keeps whole: every row, one at a time, unless the loss says otherwise
+ROWS_TO_LEARN = {"dpo": (learn_pairs, 2)}  # online DPO: a pair per group
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
           "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
 

@@ -78,3 +78,9 @@ def pair_loss(logprobs, ref_logprobs, advantages, action_mask, beta: float, loss
 def preferred_pairs(advantages, action_mask) -> torch.Tensor:
     """(P,) 1 for each pair of rows (2i, 2i + 1) that carries a preference, else 0."""
     return (row_signs(advantages, action_mask).view(-1, 2) != 0).all(-1).float()
+
+
+def learn_pairs(exp, group_size: int):
+    """The rows of a rollout (ppo.Experience) online DPO learns from: one pair per group, its
+    best and worst (`pair_rows`); the trainer keeps each pair whole in its minibatches."""
+    return exp.select(pair_rows(row_signs(exp.advantages, exp.action_mask), group_size))

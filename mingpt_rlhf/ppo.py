@@ -210,6 +210,14 @@ class ReplayBuffer:
         self.batches, self.items = [], None
 
 
+def rollout_figures(rolled: list[dict]) -> dict:
+    """One iteration's figures from its rollouts': the mean of each, the sum of each cost."""
+    stats = {k: sum(s[k] for s in rolled) / len(rolled) for k in rolled[0]}
+    for k in ("t_generate", "t_score", "gen_tokens"):  # costs: summed over the rollouts
+        stats[k] = sum(s[k] for s in rolled)
+    return stats
+
+
 # ----------------------------------------------------------------------------- losses
 def _token_mean(x, action_mask, budget, tokens):
     return masked_mean(x, action_mask, tokens=tokens)

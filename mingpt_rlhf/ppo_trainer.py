@@ -54,14 +54,13 @@ from .critic_free import zero_group_fraction
 from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
-from .losses import (GROUP_BASELINES, actor_loss, default_kl_estimator,
-                     experience_advantages, spec_of)
+from .losses import (GROUP_BASELINES, ROWS_TO_LEARN, actor_loss, default_kl_estimator,
+                     every_row, experience_advantages, spec_of)
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
-                  value_loss)
-from .online_dpo import pair_rows, row_signs
+                  rollout_figures, value_loss)
 from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy
-from .refinements import informative_groups, overlong_penalty
+from .refinements import collect_informative, overlong_penalty
 from .sampling import GenerationOutput, generate
 
 
@@ -191,6 +190,15 @@ class PPOTrainer:
         self.offpolicy = resolved_offpolicy(cfg)
         self.is_cap = cap_of(cfg)
         self.episodes = episodes
+        # what a variant changes in the iteration, chosen here once (PPO's own by default):
+        # how rollouts are collected (dynamic sampling: refinements.py), where one comes from
+        # (an environment: episodes.py), which of its rows learn and in what units (online
+        # DPO's pairs: losses.ROWS_TO_LEARN)
+        self.collect = collect_informative if getattr(cfg, "dynamic_sampling", 0) else collect_all
+        if episodes is not None:
+            self.rollout = self.play_rollout
+        rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
+        self.rows_to_learn = lambda exp: rows(exp, getattr(cfg, "group_size", 2))
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
@@ -490,8 +498,7 @@ class PPOTrainer:
         t0 = time.time()
         totals, counts, steps, stop_kl = {}, {}, 0, 0.0
         for epoch in range(cfg.ppo_epochs):
-            unit = 2 if self.spec.policy_loss == "dpo" else 1  # online DPO's pairs stay whole
-            for mb in self.buffer.minibatches(cfg.minibatch_size, generator, unit):
+            for mb in self.buffer.minibatches(cfg.minibatch_size, generator, self.unit):
                 figures, stepped, stop_kl = self._learn_minibatch(mb, generator)
                 for k, v in figures.items():  # summed as tensors: no host sync per figure
                     totals[k] = totals.get(k, 0.0) + v.detach().float()
@@ -609,48 +616,36 @@ class PPOTrainer:
     # ------------------------------------------------------------------ one iteration
     def step(self, prompt_batches, sample_gen=None, shuffle_gen=None,
              refill=None) -> tuple[list[Experience], dict]:
-        """Rollouts for each (prompt_ids, prompt_mask) batch (or list of episode seeds, with an
-        environment), one update, KL coefficient update. Returns every rollout sampled and the
-        iteration's figures. `sample_gen` draws tokens (model's device), `shuffle_gen` orders
-        minibatches (CPU). With `cfg.dynamic_sampling`, groups with no signal are left out of
-        the update and `refill()` (another batch like those of `prompt_batches`) is called for
-        up to that many more rollouts while the update has fewer rows than they had."""
-        cfg = self.cfg
-        dynamic = getattr(cfg, "dynamic_sampling", 0)
-        assert not dynamic or refill is not None, "dynamic sampling needs refill()"
-        wanted = sum(len(b if self.episodes is not None else b[0]) for b in prompt_batches)
-        pending, experiences, roll, kept, groups, dropped = list(prompt_batches), [], [], 0, 0, 0
-        while pending:
-            batch = pending.pop(0)  # (ids, mask), (ids, mask, fields), or seeds of episodes
-            if self.episodes is not None:
-                exp, stats, _ = self.play(batch, sample_gen)
-            else:
-                ids, mask, *fields = batch
-                exp, stats = self.make_experience(ids, mask, sample_gen,
-                                                  fields=fields[0] if fields else None)
-            experiences.append(exp)
-            roll.append(stats)
-            if self.spec.policy_loss == "dpo":  # online DPO learns from one pair per group
-                exp = exp.select(pair_rows(row_signs(exp.advantages, exp.action_mask), cfg.group_size))
-            if dynamic:  # DAPO: only the groups that carry a signal, up to the rows wanted
-                rows = informative_groups(exp.scores, cfg.group_size)
-                groups += len(exp.scores) // cfg.group_size
-                dropped += (len(exp.scores) - len(rows)) // cfg.group_size  # no signal only
-                exp = exp.select(rows[:wanted - kept])  # groups beyond the batch: not learned
-                if not pending and kept + len(rows) < wanted and len(roll) < len(prompt_batches) + dynamic:
-                    pending.append(refill())
-            if len(exp.scores):
-                self.buffer.add(exp)
-                kept += len(exp.scores)
-        stats = {k: sum(s[k] for s in roll) / len(roll) for k in roll[0]}
-        for k in ("t_generate", "t_score", "gen_tokens"):  # costs: summed over the rollouts
-            stats[k] = sum(s[k] for s in roll)
-        if dynamic:
-            stats.update(rollouts=len(roll), kept_rows=kept, dropped_groups=dropped / groups)
-        # the weights before this update: the sampler of the iteration sampler_lag from now
-        self.queue.push(trainable(self.actor))
+        """One iteration: a rollout of each batch into the replay buffer (`collect`), one
+        update, the KL coefficient's update. Returns every rollout sampled and the iteration's
+        figures. A batch is (prompt_ids, prompt_mask, fields), or a list of episode seeds with
+        an environment; `sample_gen` draws tokens (model's device), `shuffle_gen` orders
+        minibatches (CPU); `refill()` gives one more batch (dynamic sampling asks for it)."""
+        experiences, stats = self.collect(self, prompt_batches, sample_gen, refill)
+        self.queue.push(trainable(self.actor))  # --sampler_lag: a later rollout's weights
         stats.update(self.learn(shuffle_gen))
         stats = mean_over_ranks(stats)  # under torchrun: the whole batch's figures
         stats["gen_tokens"] *= world_size()  # a cost: the sum over the processes, not a mean
         self.kl_ctl.update(stats["kl"])
         return experiences, stats
+
+    def rollout(self, batch, generator) -> tuple[Experience, dict]:
+        """One rollout batch of (prompt_ids, prompt_mask[, fields]): `make_experience`. (With
+        an environment, `__init__` puts `play_rollout` here.)"""
+        ids, mask, *fields = batch
+        return self.make_experience(ids, mask, generator, fields=fields[0] if fields else None)
+
+    def play_rollout(self, seeds, generator) -> tuple[Experience, dict]:
+        """One rollout batch of episodes, one per seed: `play` without its episodes."""
+        return self.play(seeds, generator)[:2]
+
+
+def collect_all(trainer, prompt_batches, sample_gen, refill=None) -> tuple[list[Experience], dict]:
+    """PPO's collection: each batch rolled out once, and all of it learned from (online DPO
+    keeps a pair of rows per group: `trainer.rows_to_learn`). Returns the rollouts and their
+    figures, means over the batches but for the costs, which add up. Dynamic sampling has
+    its own (refinements.collect_informative), which `PPOTrainer.__init__` chooses."""
+    rolled = [trainer.rollout(batch, sample_gen) for batch in prompt_batches]
+    for exp, _ in rolled:
+        trainer.buffer.add(trainer.rows_to_learn(exp))
+    return [exp for exp, _ in rolled], rollout_figures([stats for _, stats in rolled])

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from .ppo import gae, masked_whiten
+from .ppo import gae, masked_whiten, rollout_figures
 
 
 def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_low: float,
@@ -104,3 +104,31 @@ def informative_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     keep = g.max(-1).values != g.min(-1).values                                 # (G,)
     rows = torch.arange(len(scores), device=scores.device).view(-1, group_size)
     return rows[keep].flatten()
+
+
+def collect_informative(trainer, prompt_batches, sample_gen, refill):
+    """DAPO's dynamic sampling as the trainer's collection (ppo_trainer.collect_all's place):
+    of each rollout only the groups that carry a signal go to the replay buffer, up to the
+    rows the batches would have given, and while the update has fewer, `refill()` gives one
+    more batch, at most `--dynamic_sampling` of them. Figures: rollouts, kept_rows and
+    dropped_groups (the share of groups left out for want of a signal)."""
+    k = trainer.cfg.group_size
+    wanted = sum(len(b if trainer.episodes is not None else b[0]) for b in prompt_batches)
+    pending, experiences, rolled, kept, groups, dropped = list(prompt_batches), [], [], 0, 0, 0
+    while pending:
+        exp, stats = trainer.rollout(pending.pop(0), sample_gen)
+        experiences.append(exp)
+        rolled.append(stats)
+        rows = informative_groups(exp.scores, k)
+        groups += len(exp.scores) // k
+        dropped += (len(exp.scores) - len(rows)) // k  # no signal only
+        exp = exp.select(rows[:wanted - kept])  # groups beyond the batch: not learned
+        if not pending and kept + len(rows) < wanted \
+                and len(rolled) < len(prompt_batches) + trainer.cfg.dynamic_sampling:
+            pending.append(refill())
+        if len(exp.scores):
+            trainer.buffer.add(exp)
+            kept += len(exp.scores)
+    stats = rollout_figures(rolled)
+    stats.update(rollouts=len(rolled), kept_rows=kept, dropped_groups=dropped / groups)
+    return experiences, stats

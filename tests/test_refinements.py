@@ -7,7 +7,7 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import cli, losses, ppo_trainer
+from mingpt_rlhf import cli, losses, ppo_trainer, refinements
 from mingpt_rlhf.ppo import policy_loss
 from mingpt_rlhf.ppo import align_and_cat
 from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
@@ -228,8 +228,8 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     calls = []
     real_token, real_seq = losses.policy_loss, losses.sequence_policy_loss
     real_adv, real_over = losses.reinforce_pp_advantages, ppo_trainer.overlong_penalty
-    real_info, real_tis = ppo_trainer.informative_groups, ppo_trainer.correct
-    monkeypatch.setattr(ppo_trainer, "informative_groups", lambda *a, **k: (
+    real_info, real_tis = refinements.informative_groups, ppo_trainer.correct
+    monkeypatch.setattr(refinements, "informative_groups", lambda *a, **k: (
         calls.append("informative"), real_info(*a, **k))[1])
     monkeypatch.setattr(ppo_trainer, "correct", lambda *a, **k: (
         calls.append(a[0]), real_tis(*a, **k))[1])
