@@ -37,8 +37,8 @@ from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
 from .distributed import tokens_per_rank
 from .online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, gae, kl_shaped_rewards, masked_mean, masked_whiten,
-                  policy_loss, reduce_tokens)
-from .refinements import reinforce_pp_advantages, sequence_policy_loss
+                  penalize_missing_eos, policy_loss, reduce_tokens)
+from .refinements import overlong_shaped, reinforce_pp_advantages, sequence_policy_loss
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,22 @@ def every_row(exp, group_size: int):
 ROWS_TO_LEARN = {"dpo": (learn_pairs, 2)}  # online DPO: a pair per group
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
           "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
+
+
+# ----------------------------------------------------------------------------- scores
+# how a response's score is shaped before it lands on its last token, f(scores (B,), ended
+# (B,) bool, lengths (B,), cfg) -> (B,): the missing-EOS penalty (PPO's), none (a task with no
+# EOS to miss: a text continued for a fixed length), or DAPO's overlong ramp before the penalty
+SCORE_SHAPING = {"missing_eos": penalize_missing_eos,
+                 "none": lambda scores, ended, lengths, cfg: scores,
+                 "overlong": overlong_shaped}
+
+
+def score_shaping_of(cfg) -> str:
+    """The run's entry of SCORE_SHAPING: --overlong_buffer, else --penalize_missing_eos."""
+    if getattr(cfg, "overlong_buffer", 0) > 0:
+        return "overlong"
+    return "missing_eos" if getattr(cfg, "penalize_missing_eos", True) else "none"
 
 
 # ----------------------------------------------------------------------------- the two calls

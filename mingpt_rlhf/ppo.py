@@ -149,6 +149,12 @@ def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: floa
     return rewards
 
 
+def penalize_missing_eos(scores, ended, lengths, cfg):
+    """(B,) scores where a response cut off by max_new_tokens (`ended` False) gets
+    cfg.missing_eos_penalty instead of the reward's opinion of a half-written text."""
+    return torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
+
+
 def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
     """(advantages, returns), both (B, N), 0 wherever `action_mask` is 0.
 

@@ -54,13 +54,14 @@ from .critic_free import zero_group_fraction
 from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
-from .losses import (GROUP_BASELINES, ROWS_TO_LEARN, actor_loss, default_kl_estimator,
-                     every_row, experience_advantages, spec_of)
+from .losses import (GROUP_BASELINES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
+                     default_kl_estimator, every_row, experience_advantages, score_shaping_of,
+                     spec_of)
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
                   rollout_figures, value_loss)
 from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy
-from .refinements import collect_informative, overlong_penalty
+from .refinements import collect_informative
 from .sampling import GenerationOutput, generate
 
 
@@ -198,6 +199,7 @@ class PPOTrainer:
         if episodes is not None:
             self.rollout = self.play_rollout
         rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
+        self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
         self.rows_to_learn = lambda exp: rows(exp, getattr(cfg, "group_size", 2))
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
@@ -357,13 +359,9 @@ class PPOTrainer:
         else:
             ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
         # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
-        # opinion of a half-written text; off for a task with no EOS to miss (a text continued
-        # for a fixed length): every score would be the penalty, every advantage 0
-        if getattr(cfg, "penalize_missing_eos", True):
-            scores = torch.where(ended, scores, torch.full_like(scores, cfg.missing_eos_penalty))
-        if getattr(cfg, "overlong_buffer", 0) > 0:  # DAPO's ramp before that cliff
-            scores = scores + torch.where(ended, overlong_penalty(
-                action_mask.sum(-1), cfg.max_new_tokens, cfg.overlong_buffer), 0.0)
+        # opinion of a half-written text (losses.SCORE_SHAPING: off for a task with no EOS to
+        # miss, where every score would be the penalty; DAPO's ramp before it)
+        scores = self.shape_scores(scores, ended, action_mask.sum(-1), cfg)
         # the score lands on the last action: a single turn is the episode of one turn
         placed = torch.zeros_like(action_mask)
         placed[torch.arange(len(scores)), last_action_index(action_mask)] = scores

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from .ppo import gae, masked_whiten, rollout_figures
+from .ppo import gae, masked_whiten, penalize_missing_eos, rollout_figures
 
 
 def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_low: float,
@@ -85,6 +85,14 @@ def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: int) -> torch.T
         return torch.zeros_like(lengths, dtype=torch.float)
     over = (lengths.float() - (budget - buffer)) / buffer
     return -over.clamp(0, 1)
+
+
+def overlong_shaped(scores, ended, lengths, cfg):
+    """(B,) scores with the missing-EOS penalty and DAPO's ramp before it: a response that
+    ended within cfg.overlong_buffer tokens of the budget loses up to 1 (`overlong_penalty`)."""
+    scores = penalize_missing_eos(scores, ended, lengths, cfg)
+    return scores + torch.where(ended, overlong_penalty(lengths, cfg.max_new_tokens,
+                                                        cfg.overlong_buffer), 0.0)
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, action_mask: torch.Tensor,

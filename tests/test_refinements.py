@@ -227,7 +227,7 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
     root = stages[0]
     calls = []
     real_token, real_seq = losses.policy_loss, losses.sequence_policy_loss
-    real_adv, real_over = losses.reinforce_pp_advantages, ppo_trainer.overlong_penalty
+    real_adv, real_over = losses.reinforce_pp_advantages, refinements.overlong_penalty
     real_info, real_tis = refinements.informative_groups, ppo_trainer.correct
     monkeypatch.setattr(refinements, "informative_groups", lambda *a, **k: (
         calls.append("informative"), real_info(*a, **k))[1])
@@ -239,7 +239,7 @@ def test_each_refinement_reaches_the_update(stages, tmp_path, monkeypatch, extra
         calls.append("sequence"), real_seq(*a, **k))[1])
     monkeypatch.setattr(losses, "reinforce_pp_advantages", lambda *a, **k: (
         calls.append("reinforce++"), real_adv(*a, **k))[1])
-    monkeypatch.setattr(ppo_trainer, "overlong_penalty", lambda *a, **k: (
+    monkeypatch.setattr(refinements, "overlong_penalty", lambda *a, **k: (
         calls.append("overlong"), real_over(*a, **k))[1])
     summary = train_ppo.main(ppo_cfg(tmp_path / "run", root / "sft", root / "rm", max_iters=2, **extra))
     assert seen in calls and summary["final"]
