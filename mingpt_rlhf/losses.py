@@ -33,11 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .critic_free import group_advantages, k3_kl, leave_one_out_advantages
+from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
 from .distributed import tokens_per_rank
 from .online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
-from .ppo import (REDUCTIONS, approx_kl, gae, kl_shaped_rewards, masked_mean, masked_whiten,
-                  penalize_missing_eos, policy_loss, reduce_tokens)
+from .ppo import (REDUCTIONS, approx_kl, explained_variance, gae, kl_shaped_rewards, masked_mean,
+                  masked_whiten, penalize_missing_eos, policy_loss, reduce_tokens)
 from .refinements import overlong_shaped, reinforce_pp_advantages, sequence_policy_loss
 
 
@@ -176,6 +176,32 @@ def every_row(exp, group_size: int):
 ROWS_TO_LEARN = {"dpo": (learn_pairs, 2)}  # online DPO: a pair per group
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
           "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
+
+
+# ----------------------------------------------------------------------------- figures
+def check_groups(keys, group_size: int) -> None:
+    """`keys` (B, T) prompts (or an episode's seed, (B, 1)) must prove that each group of rows
+    (g*k .. g*k + k - 1) shares its start."""
+    same = (keys.view(-1, group_size, keys.size(1)) == keys[::group_size, None]).all()
+    assert same, "a group of responses must share its prompt or seed (rows g*k .. g*k + k - 1)"
+
+
+def _critic_figures(scores, values, returns, action_mask, keys, spec, for_update):
+    return {"explained_var": explained_variance(values, returns, action_mask)}
+
+
+def _group_figures(scores, values, returns, action_mask, keys, spec, for_update):
+    if not for_update:  # an eval batch holds no groups
+        return {}
+    check_groups(keys, spec.group_size)
+    # ties of the scores, before the KL: the reward teaches those groups nothing
+    return {"zero_groups": zero_group_fraction(scores, spec.group_size)}
+
+
+# what each entry of ADVANTAGES adds to a rollout's figures, f(scores (B,), values, returns,
+# action_mask, keys, spec, for_update) -> dict
+ROLLOUT_FIGURES = {"gae": _critic_figures, "reinforce++": lambda *args: {},
+                   **{name: _group_figures for name in GROUP_BASELINES}}
 
 
 # ----------------------------------------------------------------------------- scores

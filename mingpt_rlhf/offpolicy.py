@@ -119,6 +119,13 @@ def correct(name: str, learner, sampler, action_mask, cap: float) -> tuple[Corre
     return Correction(out.old_logprobs, weights), figures
 
 
+def same_policy(learner, sampler, action_mask) -> tuple[Correction, dict]:
+    """`correct`'s place when the sampler's log-probs are the learner's (float32 without a
+    lag: they are reused) or were not kept (low precision with no correction asked for):
+    the ratio against the learner's own, no weight, nothing to measure."""
+    return Correction(learner, None), {}
+
+
 class SamplerQueue:
     """The weights the sampler uses with `--sampler_lag lag`: copies of the actor's trainable
     tensors after each of the last `lag` updates. Before update k (the weights then: theta_k)

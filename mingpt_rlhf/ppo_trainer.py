@@ -50,17 +50,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .critic_free import zero_group_fraction
 from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .lora import adapters_disabled, has_lora
-from .losses import (GROUP_BASELINES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
-                     default_kl_estimator, every_row, experience_advantages, score_shaping_of,
-                     spec_of)
+from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
+                     check_groups, default_kl_estimator, every_row, experience_advantages,
+                     score_shaping_of, spec_of)
 from .optim import Optimizer
-from .ppo import (Experience, ReplayBuffer, explained_variance, last_action_index, masked_mean,
+from .ppo import (Experience, ReplayBuffer, last_action_index, masked_mean,
                   rollout_figures, value_loss)
-from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy
+from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy, same_policy
 from .refinements import collect_informative
 from .sampling import GenerationOutput, generate
 
@@ -200,6 +199,8 @@ class PPOTrainer:
             self.rollout = self.play_rollout
         rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
         self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
+        if self.reuse_sampler_logprobs or not self.sampler_scores:  # nothing to correct
+            self.against_sampler = same_policy
         self.rows_to_learn = lambda exp: rows(exp, getattr(cfg, "group_size", 2))
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
@@ -429,14 +430,10 @@ class PPOTrainer:
         kl_coef = self.kl_ctl.value
         kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over actions
         spec = self.spec
-        if spec.advantages in GROUP_BASELINES and for_update:
-            self.check_groups(group_keys)
-        mismatch, old_logprobs, weights = {}, logprobs, None
-        if out.logprobs is not None and not reuse:  # the sampler's and the learner's differ
-            # the ratio's denominator and each token's weight: offpolicy.OFFPOLICY, one call
-            (old_logprobs, weights), mismatch = correct(
-                self.offpolicy, logprobs, out.logprobs.float() * action_mask, action_mask,
-                self.is_cap)
+        # the ratio's denominator and each token's weight: the learner's own, or where the
+        # sampler's log-probs differ from them, the run's off-policy correction (one call)
+        (old_logprobs, weights), mismatch = self.against_sampler(logprobs, out.logprobs,
+                                                                 action_mask)
         # the KL penalty (in the reward, from the learner's log-probs), the advantages
         # (losses.ADVANTAGES) and the correction's weights on them: losses.py, one call
         rewards, advantages, returns = experience_advantages(
@@ -456,23 +453,24 @@ class PPOTrainer:
             "t_generate": t_generate, "t_score": time.time() - t_scored,
         }
         stats.update(mismatch)
-        if cfg.algo == "ppo":
-            stats["explained_var"] = explained_variance(values, returns, action_mask)
-        elif for_update and cfg.algo != "reinforce++":  # ties of the scores, before the KL: the reward teaches them nothing
-            stats["zero_groups"] = zero_group_fraction(scores, cfg.group_size)
+        # the advantage entry's own figures: the critic's explained variance (gae), the share
+        # of groups whose scores tie (a group baseline; it checks each group shares a start)
+        stats.update(ROLLOUT_FIGURES[spec.advantages](scores, values, returns, action_mask,
+                                                      group_keys, spec, for_update))
         return exp, stats
 
-    def check_groups(self, prompts):
-        """`prompts` (B, T) (or an episode's seed, (B, 1)) must prove that each group of rows
-        shares its start."""
-        k = self.cfg.group_size
-        same = (prompts.view(-1, k, prompts.size(1)) == prompts[::k, None]).all()
-        assert same, "a group of responses must share its prompt or seed (rows g*k .. g*k + k - 1)"
+    def against_sampler(self, logprobs, sampler_logprobs, action_mask):
+        """(Correction, figures) of a rollout whose sampler's log-probs (B, N) are not the
+        learner's (a lagging sampler, or low precision with --offpolicy): the run's entry of
+        offpolicy.OFFPOLICY. Where they are the same, `__init__` puts offpolicy.same_policy
+        here instead."""
+        return correct(self.offpolicy, logprobs, sampler_logprobs.float() * action_mask,
+                       action_mask, self.is_cap)
 
     def group_baselined(self, rewards, prompts):
         """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards, by the
-        run's entry of losses.GROUP_BASELINES; `prompts` as `check_groups`."""
-        self.check_groups(prompts)
+        run's entry of losses.GROUP_BASELINES; `prompts` as losses.check_groups."""
+        check_groups(prompts, self.cfg.group_size)
         return GROUP_BASELINES[self.spec.advantages](rewards, self.cfg.group_size)
 
     # ------------------------------------------------------------------ learning
