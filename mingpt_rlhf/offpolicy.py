@@ -37,6 +37,7 @@ entry at a lagging sampler; tests/test_offpolicy.py checks each against a hand c
 """
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import NamedTuple
 
@@ -119,13 +120,6 @@ def correct(name: str, learner, sampler, action_mask, cap: float) -> tuple[Corre
     return Correction(out.old_logprobs, weights), figures
 
 
-def same_policy(learner, sampler, action_mask) -> tuple[Correction, dict]:
-    """`correct`'s place when the sampler's log-probs are the learner's (float32 without a
-    lag: they are reused) or were not kept (low precision with no correction asked for):
-    the ratio against the learner's own, no weight, nothing to measure."""
-    return Correction(learner, None), {}
-
-
 class SamplerQueue:
     """The weights the sampler uses with `--sampler_lag lag`: copies of the actor's trainable
     tensors after each of the last `lag` updates. Before update k (the weights then: theta_k)
@@ -136,6 +130,28 @@ class SamplerQueue:
     def __init__(self, lag: int):
         self.lag = lag
         self.copies: deque[list[torch.Tensor]] = deque()
+
+    @contextlib.contextmanager
+    def sampling(self, actor, for_update: bool):
+        """The actor as the sampler of a training rollout: its weights of `lag` updates ago,
+        swapped in, and back out after (an eval samples with the current weights)."""
+        stale = self.oldest()
+        if not (for_update and stale is not None):
+            yield
+            return
+        params = [p for p in actor.parameters() if p.requires_grad]
+        assert len(params) == len(stale) and all(
+            p.shape == old.shape for p, old in zip(params, stale)), "stale weights of another model"
+        now = [p.detach().clone() for p in params]
+        try:
+            with torch.no_grad():
+                for p, old in zip(params, stale):
+                    p.copy_(old)
+            yield
+        finally:
+            with torch.no_grad():
+                for p, new in zip(params, now):
+                    p.copy_(new)
 
     def oldest(self) -> list[torch.Tensor] | None:
         """theta_{k - lag}, or None when the queue is empty (the current weights sample)."""

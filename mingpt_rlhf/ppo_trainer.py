@@ -59,13 +59,39 @@ from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAP
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, last_action_index, masked_mean,
                   rollout_figures, value_loss)
-from .offpolicy import READS_CAP, SamplerQueue, cap_of, correct, resolved_offpolicy, same_policy
+from .offpolicy import READS_CAP, Correction, SamplerQueue, cap_of, correct, resolved_offpolicy
 from .refinements import collect_informative
 from .sampling import GenerationOutput, generate
 
 
 def trainable(module) -> list:
     return [p for p in module.parameters() if p.requires_grad]
+
+
+class CurrentWeights:
+    """The sampler of every rollout is the actor as it is (PPO is on-policy): nothing to swap
+    in, nothing to keep. offpolicy.SamplerQueue, a sampler some updates behind, takes its place
+    with --sampler_lag (the same calls)."""
+
+    def sampling(self, actor, for_update: bool):
+        return contextlib.nullcontext()
+
+    def push(self, params) -> None:
+        pass
+
+    def state(self) -> list:
+        return []
+
+    def load(self, copies, shapes) -> bool:
+        return not copies  # a lagging sampler's weights belong to a run with a lag
+
+
+def same_policy(learner, sampler, action_mask):
+    """(Correction, figures) where the sampler's log-probs are the learner's (float32
+    without a lag: they are reused) or were not kept (low precision with no correction asked
+    for): the ratio against the learner's own, no weight, nothing to measure. A run with a
+    separate sampler corrects with offpolicy.correct instead (`against_sampler`)."""
+    return Correction(learner, None), {}
 
 
 def resolve_auto_options(cfg):
@@ -180,13 +206,13 @@ class PPOTrainer:
         # in float32 the sampler's log-probs are the scoring pass's to rounding, so that pass
         # is skipped; under autocast they differ by low-precision noise (module docstring)
         self.reuse_sampler_logprobs = dtype == torch.float32 and not getattr(cfg, "sampler_lag", 0)
-        # a sampler N updates behind the learner (--sampler_lag N): the actor's trainable
-        # weights of N updates ago, swapped in to sample (`sampling`); the sampler's log-probs
-        # are kept beside the scoring pass's, and the run's off-policy correction
-        # (--offpolicy, offpolicy.py) decides what the ratio is taken against and how each
-        # token is weighed
+        # the weights that sample: the actor's own (PPO is on-policy), or with --sampler_lag N
+        # its trainable weights of N updates ago, swapped in to sample (offpolicy.SamplerQueue);
+        # the sampler's log-probs are then kept beside the scoring pass's, and the run's
+        # off-policy correction (--offpolicy) decides what the ratio is taken against and how
+        # each token is weighed
         self.sampler_lag = getattr(cfg, "sampler_lag", 0)
-        self.queue = SamplerQueue(self.sampler_lag)
+        self.queue = SamplerQueue(self.sampler_lag) if self.sampler_lag else CurrentWeights()
         self.offpolicy = resolved_offpolicy(cfg)
         self.is_cap = cap_of(cfg)
         self.episodes = episodes
@@ -274,28 +300,6 @@ class PPOTrainer:
             return lm_logprobs(model, hidden, sequences[:, T:], self.cfg.temperature,
                                self.suppress)[0]
 
-    @contextlib.contextmanager
-    def sampling(self, for_update: bool):
-        """The actor as the sampler of a training rollout: itself, or with --sampler_lag N its
-        weights of N updates ago (swapped in, and back out after)."""
-        stale = self.queue.oldest()
-        if not (for_update and stale is not None):
-            yield
-            return
-        params = trainable(self.actor)
-        assert len(params) == len(stale) and all(
-            p.shape == old.shape for p, old in zip(params, stale)), "stale weights of another model"
-        now = [p.detach().clone() for p in params]
-        try:
-            with torch.no_grad():
-                for p, old in zip(params, stale):
-                    p.copy_(old)
-            yield
-        finally:
-            with torch.no_grad():
-                for p, new in zip(params, now):
-                    p.copy_(new)
-
     def sample(self, prompt_ids, prompt_mask, generator=None, score: bool = False) -> GenerationOutput:
         """Responses to a batch of prompts (sequences and masks (B, T + N); with `score`, the
         sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`
@@ -339,7 +343,7 @@ class PPOTrainer:
         reward function (rewards.py)."""
         cfg = self.cfg
         t0 = time.time()
-        with self.sampling(for_update):
+        with self.queue.sampling(self.actor, for_update):
             out = self.sample(prompt_ids, prompt_mask, generator,
                               score=self.sampler_scores)
         t1 = time.time()
@@ -381,7 +385,7 @@ class PPOTrainer:
         # the sampler's log-probs serve when only the actions need them; unmasked
         # environment tokens were never sampled, so the scoring pass computes theirs
         score = self.sampler_scores and source.mask_env
-        with self.sampling(for_update), self.amp():  # weights swapped before autocast caches them
+        with self.queue.sampling(self.actor, for_update), self.amp():  # weights swapped before autocast caches them
             ep = source.play(self.actor, seeds, cfg, generator, score)
         t1 = time.time()
         T = ep.prompt_len

@@ -157,7 +157,7 @@ def test_the_trainer_applies_the_runs_correction(name):
     base, _ = tr.make_experience(*batch, torch.Generator().manual_seed(7))
     tr.offpolicy, tr.is_cap = name, (1.5 if name in ("decoupled", "tis", "mask") else 0.0)
     exp, stats = tr.make_experience(*batch, torch.Generator().manual_seed(7))
-    with tr.sampling(True):
+    with tr.queue.sampling(tr.actor, True):
         sampled = tr.sample(*batch, torch.Generator().manual_seed(7), score=True)
     mask = exp.action_mask
     assert torch.equal(exp.sequences, base.sequences) and stats["mismatch_kl"] > 1e-4
@@ -185,7 +185,7 @@ def test_the_sampler_writes_with_the_weights_of_lag_updates_ago(lag):
         other = make_trainer(Cfg(algo="grpo", group_size=4), critic_free=True)
         other.actor = behind
         want = other.sample(*batch, torch.Generator().manual_seed(k))
-        with tr.sampling(True):
+        with tr.queue.sampling(tr.actor, True):
             got = tr.sample(*batch, torch.Generator().manual_seed(k))
         assert torch.equal(got.sequences, want.sequences), k
         tr.step([grouped_prompts(4, 4, seed=20 + k)], torch.Generator().manual_seed(k))

@@ -199,7 +199,7 @@ def test_truncated_importance_sampling_weighs_each_token_by_learner_over_sampler
                           critic_free=True)
         tr.step([grouped_prompts(4, 4, seed=2)], torch.Generator().manual_seed(0))
         outs[cap] = tr.make_experience(*batch, torch.Generator().manual_seed(1))
-        with tr.sampling(True):
+        with tr.queue.sampling(tr.actor, True):
             sampled = tr.sample(*batch, torch.Generator().manual_seed(1), score=True)
     (plain, plain_stats), (tis, stats) = outs[0.0], outs[1.05]
     # (the first update's weights were 1 to float rounding: the sampler was the learner then)
