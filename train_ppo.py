@@ -39,6 +39,7 @@ run's curves and those tokens in one page: python -m mingpt_rlhf.report).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -415,7 +416,7 @@ def reward_of(cfg: Config, rm, task, tokenizer, rows: int, device, dtype):
     """Where the RL reward comes from (rewards.py): the reward model's normalised score at
     the last real token (an ensemble's combined, with --heldout_rm_dir also a held-out model's
     gap), the task's own check, a user's function, or the environment's steps."""
-    amp = lambda: autocast(device, dtype)
+    amp = functools.partial(autocast, device, dtype)  # the run's mixed precision, each call
     if cfg.reward == "env":
         return EnvironmentReward()  # each step of the environment gives its reward
     if cfg.reward == "task":
@@ -565,7 +566,7 @@ def main(cfg: Config) -> dict:
               else FixedKLController(cfg.kl_coef))
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
-                         ptx_data=ptx_data, amp=lambda: autocast(device, dtype), dtype=dtype,
+                         ptx_data=ptx_data, amp=functools.partial(autocast, device, dtype), dtype=dtype,
                          episodes=EpisodeSource(env_class, env_name, tokenizer, cfg.max_turns,
                                                 cfg.mask_env) if cfg.env else None)
     # sampling needs a generator on the model's device; randperm / randint (minibatch order,

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 
 import torch
@@ -227,7 +228,7 @@ class PPOTrainer:
         self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
         if self.reuse_sampler_logprobs or not self.sampler_scores:  # nothing to correct
             self.against_sampler = same_policy
-        self.rows_to_learn = lambda exp: rows(exp, getattr(cfg, "group_size", 2))
+        self.rows_to_learn = functools.partial(rows, group_size=getattr(cfg, "group_size", 2))
         # the generation budget of a rollout (Dr. GRPO's "budget" reduction divides by it):
         # a response's max_new_tokens, or every turn's of an episode
         self.budget = cfg.max_new_tokens * (episodes.max_turns if episodes is not None else 1)
