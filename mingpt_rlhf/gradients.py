@@ -277,7 +277,8 @@ ROWS = [
               clip_high=0.1), sampler="behind"),
     # online DPO: the best and the worst of a group of 2 as a DPO pair, beta = the world's
     Row("online dpo (best vs worst of 2, dpo beta 0.5)",
-        _spec(advantages="preference", policy_loss="dpo", dpo_beta=0.5, group_size=2), batch=2),
+        _spec(advantages="preference", policy_loss="dpo", kl_in="none", dpo_beta=0.5,
+              group_size=2), batch=2),
     # a sampler one update behind, each entry of offpolicy.OFFPOLICY
     Row("lagging sampler, uncorrected (rloo)", _spec(**_RLOO), sampler="lagging"),
     Row("lagging sampler, ratio and clip against the sampler (rloo)", _spec(**_RLOO),

@@ -18,7 +18,8 @@ few choices, each one a role with a table of interchangeable entries of one sign
                 k3 = e^(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL
                 divergence"). Each goes either way of KL_PLACEMENTS: in the reward (a penalty
                 per token, detached, that reaches the policy through the advantages) or in
-                the loss (differentiated directly, reduced like the surrogate).
+                the loss (differentiated directly, reduced like the surrogate); online DPO
+                takes neither ("none": its KL is DPO's beta, inside its loss).
 
 What each combination's gradient follows in expectation is not always what its name says
 (k1 in the loss has no KL gradient at all, k3 in the loss follows another divergence): the
@@ -79,7 +80,7 @@ def spec_of(cfg) -> LossSpec:
     return LossSpec(
         advantages=advantages,
         policy_loss=policy_loss_of(cfg),
-        reduction=cfg.reduction, kl_in=cfg.kl_in,
+        reduction=cfg.reduction, kl_in="none" if cfg.algo == "online_dpo" else cfg.kl_in,
         kl_estimator=default_kl_estimator(cfg.kl_in) if kl_estimator == "auto" else kl_estimator,
         clip_range=cfg.clip_range, clip_high=getattr(cfg, "clip_range_high", 0) or cfg.clip_range,
         entropy_coef=cfg.entropy_coef, gamma=cfg.gamma, lam=cfg.lam,
@@ -96,14 +97,15 @@ def policy_loss_of(cfg) -> str:
 
 
 # ----------------------------------------------------------------------------- advantages
-def _gae(rewards, values, action_mask, spec, all_ranks):
+def _gae(rewards, values, action_mask, spec, for_update):
     advantages, returns = gae(rewards, values, action_mask, spec.gamma, spec.lam)
-    return masked_whiten(advantages, action_mask, all_ranks=all_ranks), returns
+    # an update's batch is whitened over every process (torchrun); an eval batch on its own
+    return rewards, masked_whiten(advantages, action_mask, all_ranks=for_update), returns
 
 
-def _reinforce_pp(rewards, values, action_mask, spec, all_ranks):
-    advantages = reinforce_pp_advantages(rewards, action_mask, spec.gamma, all_ranks=all_ranks)
-    return advantages, torch.zeros_like(values)
+def _reinforce_pp(rewards, values, action_mask, spec, for_update):
+    advantages = reinforce_pp_advantages(rewards, action_mask, spec.gamma, all_ranks=for_update)
+    return rewards, advantages, torch.zeros_like(values)
 
 
 # (B,) one reward per response -> (B,) its advantage, from its group of group_size rows
@@ -116,10 +118,15 @@ GROUP_BASELINES = {
 
 
 def _grouped(name):
-    def advantages(rewards, values, action_mask, spec, all_ranks):
+    def advantages(rewards, values, action_mask, spec, for_update):
         per_response = rewards.sum(-1)               # (B,) the score minus any KL penalty
-        adv = GROUP_BASELINES[name](per_response, spec.group_size)
-        return adv[:, None] * action_mask, torch.zeros_like(values)
+        if for_update:
+            adv = GROUP_BASELINES[name](per_response, spec.group_size)
+        else:  # an eval batch's rows are no groups: no advantages
+            adv = torch.zeros_like(per_response)
+        # the rewards kept: each response's total, on every one of its tokens
+        return (per_response[:, None] * action_mask, adv[:, None] * action_mask,
+                torch.zeros_like(values))
     return advantages
 
 
@@ -132,7 +139,34 @@ KL_ESTIMATORS = {
     "k2": lambda logprobs, ref_logprobs: 0.5 * (logprobs - ref_logprobs) ** 2,
     "k3": k3_kl,
 }
-KL_PLACEMENTS = ("reward", "loss")
+
+
+# where the KL penalty goes: each entry is (the per-token rewards the advantages see, f(placed,
+# logprobs, ref_logprobs, action_mask, spec, kl_coef); the loss with the KL term added, f(loss,
+# logprobs, ref_logprobs, action_mask, spec, kl_coef, budget, tokens) -> (loss, figures)).
+# "none" is online DPO's: its KL to the reference is DPO's beta, inside its own loss.
+def _kl_in_the_reward(placed, logprobs, ref_logprobs, action_mask, spec, kl_coef):
+    return kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef,
+                             KL_ESTIMATORS[spec.kl_estimator])
+
+
+def _the_score_alone(placed, logprobs, ref_logprobs, action_mask, spec, kl_coef):
+    return placed
+
+
+def _kl_in_the_loss(loss, logprobs, ref_logprobs, action_mask, spec, kl_coef, budget, tokens):
+    kl_loss = reduce_tokens(KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs),
+                            action_mask, spec.reduction, budget, tokens)
+    return loss + kl_coef * kl_loss, {"kl_loss": kl_loss}
+
+
+def _no_kl_term(loss, logprobs, ref_logprobs, action_mask, spec, kl_coef, budget, tokens):
+    return loss, {}
+
+
+KL_PLACEMENTS = {"reward": (_kl_in_the_reward, _no_kl_term),
+                 "loss": (_the_score_alone, _kl_in_the_loss),
+                 "none": (_the_score_alone, _no_kl_term)}
 
 
 def _token_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
@@ -175,7 +209,8 @@ def every_row(exp, group_size: int):
 # minibatch keeps whole: every row, one at a time, unless the loss says otherwise
 ROWS_TO_LEARN = {"dpo": (learn_pairs, 2)}  # online DPO: a pair per group
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
-          "kl_in": KL_PLACEMENTS, "kl_estimator": KL_ESTIMATORS}
+          "kl_in": ("reward", "loss"),  # the placements --kl_in offers ("none" is online DPO's)
+          "kl_estimator": KL_ESTIMATORS}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -232,19 +267,10 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
     this process alone. `weights` (B, N): truncated importance weights that multiply the
     advantages (the same as weighing each token's clipped surrogate: they are >= 0). For a
     group estimator the rewards kept are each response's total, on every one of its tokens."""
-    rewards = placed
-    # online DPO ranks its pairs by the score alone: its KL to the reference is DPO's beta
-    if spec.kl_in == "reward" and spec.advantages != "preference":
-        rewards = kl_shaped_rewards(placed, logprobs, ref_logprobs, action_mask, kl_coef,
-                                    KL_ESTIMATORS[spec.kl_estimator])
-    grouped = spec.advantages in GROUP_BASELINES
-    if grouped and not for_update:
-        advantages, returns = torch.zeros_like(rewards), torch.zeros_like(values)
-    else:
-        advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask, spec,
-                                                          for_update)
-    if grouped:
-        rewards = rewards.sum(-1, keepdim=True) * action_mask
+    rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec,
+                                           kl_coef)
+    rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
+                                                               spec, for_update)
     if weights is not None:
         advantages = advantages * weights
     return rewards, advantages, returns
@@ -272,11 +298,11 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
                       action_mask, tokens)
     figures = {"pg_loss": pg_loss, "clipfrac": clipfrac, "approx_kl": moved,
                "policy_entropy": entropy}
-    if spec.kl_in == "loss":
-        kl_loss = reduce_tokens(KL_ESTIMATORS[spec.kl_estimator](logprobs, ref_logprobs),
-                                action_mask, spec.reduction, budget, tokens)
-        loss = loss + kl_coef * kl_loss
-        figures["kl_loss"] = kl_loss
+    # the KL term, when the KL is in the loss (KL_PLACEMENTS): kl_coef x the estimate, reduced
+    # like the surrogate
+    loss, kl_figures = KL_PLACEMENTS[spec.kl_in][1](loss, logprobs, ref_logprobs, action_mask,
+                                                    spec, kl_coef, budget, tokens)
+    figures.update(kl_figures)
     return loss, figures
 
 
