@@ -531,7 +531,7 @@ FIGURE_PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join
 
 ALLOWED = {  # page: [(a phrase that holds decimals without a marker, why), ...]
     "README.md": [
-        ("(1-1.5 minutes on 2 CPU cores", "the suite's time: docs/testing.md's runs, no bench JSON"),
+        ("(2-3 minutes on 2 otherwise idle CPU cores", "the suite's time: docs/testing.md's runs, no bench JSON"),
         ("about 1.35 and 0.95 within 60", "a picture's description, read off the picture"),
         ("made PPO 1.4-1.8x faster",
          "speed.md's six before/after pairs; the JSON keeps the second run only"),
