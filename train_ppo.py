@@ -241,6 +241,12 @@ class Config:
                                        "return (it does not bound how far a value moves)")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
+    learn_tokens: str = opt("all", "which response tokens learn (the others' advantages are 0): all "
+                                   "| top_entropy (only the --top_entropy_quantile of each "
+                                   "rollout's tokens with the highest entropy, Wang et al. 2025) "
+                                   "| any entry of losses.LEARN_TOKENS (docs/fork_it.md)")
+    top_entropy_quantile: float = opt(0.2, "--learn_tokens top_entropy: the share of a rollout's "
+                                           "tokens that learn, those of highest entropy")
     ptx_coef: float = opt(-1.0, "weight of the LM loss on demonstrations (0 = off; -1 = auto: "
                                  "0.02 for ppo, 0 for grpo and rloo and with --env). Kept small: the built-in "
                                  "demonstrations are 1/3 negative reviews, so a larger weight "

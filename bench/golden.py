@@ -29,15 +29,15 @@ moments, RNG states), numbers and strings as they are, the elapsed time dropped;
 summary (metrics.jsonl's last line, also under "summary"); and for sample.py the text it
 prints. The comparison is exact: equal numbers, equal hashes.
 
-The set (RUNS below): 45 runs, 47 processes, at tiny size (a 1-layer, 16-wide GPT, 2-3
+The set (RUNS below): 46 runs, 48 processes, at tiny size (a 1-layer, 16-wide GPT, 2-3
 iterations): the stages (SFT, the reward model, an ensemble of two, a held-out reward model
 on other pairs, SFT on the guessing game, DPO), sample.py, and train_ppo.py's default and one
 run per entry of its tables and options: --algo ppo|grpo|rloo|reinforce++|online_dpo,
 --critic shared, --kl_in x --kl_estimator (all six), --grpo_norm grpo, --reduction
 token|sequence|budget, --ratio sequence (GSPO), --clip_range_high, --overlong_buffer,
---dynamic_sampling, --sampler_lag 2 with each --offpolicy entry, --offpolicy under bfloat16,
---learn_batch_size, --env guess, --lora_rank, --dtype bfloat16, --ensemble_combine
-mean|wco|uwo|warm, --heldout_rm_dir, --record_rollouts 0, and --resume (a run stopped after 2
+--dynamic_sampling, --learn_tokens top_entropy, --sampler_lag 2 with each --offpolicy
+entry, --offpolicy under bfloat16, --learn_batch_size, --env guess, --lora_rank, --dtype
+bfloat16, --ensemble_combine mean|wco|uwo|warm, --heldout_rm_dir, --record_rollouts 0, and --resume (a run stopped after 2
 iterations and continued to 3, with and without a lagging sampler). A run takes 2-4 s of CPU
 (half of it starting Python and torch), the set about 3 minutes of one core; --jobs 2 runs
 two at a time (each on one thread, so the numbers do not change). Two records of the same
@@ -119,6 +119,7 @@ RUNS = {
     "clip_range_high": ppo("--clip_range_high", "0.28"),
     "overlong_buffer": ppo("--overlong_buffer", "4"),
     "dynamic_sampling": ppo("--algo", "grpo", "--group_size", "4", "--dynamic_sampling", "2"),
+    "top_entropy": ppo("--algo", "grpo", "--group_size", "4", "--learn_tokens", "top_entropy"),
     # a lagging sampler, with each off-policy correction
     "lag2_none": ppo(*LAG, "--offpolicy", "none"),
     "lag2_clip": ppo(*LAG, "--offpolicy", "clip"),

@@ -54,6 +54,10 @@ RUNS = {
     "overlong": ("DAPO's overlong shaping over the last 8 of 32 tokens", dict(overlong_buffer=8)),
     "reinforce++": ("REINFORCE++: per-token KL reward, returns whitened over the batch, no "
                     "groups (64 prompts a batch, not 8 x 8)", dict(algo="reinforce++")),
+    "top_entropy": ("only the top 20 % of each rollout's tokens by entropy learn (the KL in "
+                    "the reward, GRPO's default here)", dict(learn_tokens="top_entropy")),
+    "top_entropy_kl_loss": ("the same top 20 %, with the KL in the loss (k3) instead",
+                            dict(learn_tokens="top_entropy", kl_in="loss")),
     "lag": ("a sampler one update behind the learner, uncorrected", dict(sampler_lag=1)),
     "lag_tis": ("the same lagging sampler, with truncated importance sampling (cap 2)",
                 dict(sampler_lag=1, tis_cap=2.0)),

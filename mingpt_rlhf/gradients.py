@@ -144,7 +144,8 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
         if row.whiten:
             _, advantages, _ = experience_advantages(place, stored_lp, ref_lp, value, mask, spec,
                                                      world.beta, True,
-                                                     weight if weights is not None else None)
+                                                     weight if weights is not None else None,
+                                                     ent.detach())
         else:  # the component: gae's advantages as they are before the whitening
             rewards = place
             if spec.kl_in == "reward":
@@ -268,6 +269,8 @@ ROWS = [
     Row("k3 in the loss (rloo)", _spec(**_RLOO, kl_in="loss", kl_estimator="k3"),
         follows="grad E[r] - beta x local KL(ref || pi)", scale=1 / MAX_LEN),
     Row("entropy bonus 0.1 (rloo)", _spec(**_RLOO, entropy_coef=0.1)),
+    Row("the top half of the batch's tokens by entropy learn (rloo)",
+        _spec(**_RLOO, learn_tokens="top_entropy", top_entropy_quantile=0.5)),
     # the corrections, with a sampler one update behind the learner
     Row("ppo clip 0.2, a later minibatch (rloo)", _spec(**_RLOO), sampler="behind"),
     Row("clip-higher 0.2 / 0.28, a later minibatch (rloo)", _spec(**_RLOO, clip_high=0.28),

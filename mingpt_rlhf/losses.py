@@ -13,6 +13,8 @@ few choices, each one a role with a table of interchangeable entries of one sign
                 online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
                 action_mask, spec, budget, tokens) -> (loss, clipfrac).
 - REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
+- LEARN_TOKENS  which tokens learn: all, or top_entropy (the batch's highest-entropy share):
+                f(entropy, action_mask, spec, for_update) -> (B, N) 0 / 1 (or 1: every token).
 - KL_ESTIMATORS a per-token estimate of KL(pi || ref) from samples of pi, f(logprobs,
                 ref_logprobs) -> (B, N): k1 = log pi - log ref, k2 = (log pi - log ref)^2 / 2,
                 k3 = e^(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL
@@ -30,12 +32,13 @@ entry in a table needs a row in the oracle (tests/test_gradients.py checks).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
-from .distributed import tokens_per_rank
+from .distributed import gather, is_distributed, tokens_per_rank
 from .online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, explained_variance, gae, kl_shaped_rewards, masked_mean,
                   masked_whiten, penalize_missing_eos, policy_loss, reduce_tokens)
@@ -58,6 +61,8 @@ class LossSpec:
     group_size: int = 2          # rows per group for grpo / dr_grpo / rloo / preference
     dpo_beta: float = 0.3        # dpo: DPO's beta, the KL's strength
     dpo_loss: str = "sigmoid"    # dpo: sigmoid (DPO) | ipo
+    learn_tokens: str = "all"    # LEARN_TOKENS
+    top_entropy_quantile: float = 0.2  # top_entropy: the share of the batch's tokens that learn
 
 
 def default_kl_estimator(kl_in: str) -> str:
@@ -70,22 +75,20 @@ GROUP_ALGOS = ("grpo", "rloo", "online_dpo")
 
 
 def spec_of(cfg) -> LossSpec:
-    """The LossSpec of a resolved train_ppo.Config (`ppo_trainer.resolve_auto_options`); a
-    caller's config without the refinements' options gets PPO's own."""
-    advantages = {"ppo": "gae", "reinforce++": "reinforce++", "rloo": "rloo",
-                  "online_dpo": "preference"}.get(cfg.algo)
-    if advantages is None:  # grpo: the paper's std normalisation, or Dr. GRPO's none
-        advantages = "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
-    kl_estimator = getattr(cfg, "kl_estimator", "auto")
-    return LossSpec(
-        advantages=advantages,
-        policy_loss=policy_loss_of(cfg),
-        reduction=cfg.reduction, kl_in="none" if cfg.algo == "online_dpo" else cfg.kl_in,
-        kl_estimator=default_kl_estimator(cfg.kl_in) if kl_estimator == "auto" else kl_estimator,
-        clip_range=cfg.clip_range, clip_high=getattr(cfg, "clip_range_high", 0) or cfg.clip_range,
-        entropy_coef=cfg.entropy_coef, gamma=cfg.gamma, lam=cfg.lam,
-        group_size=getattr(cfg, "group_size", 2), dpo_beta=getattr(cfg, "dpo_beta", 0.3),
-        dpo_loss=getattr(cfg, "dpo_loss", "sigmoid"))
+    """The LossSpec of a resolved train_ppo.Config (`ppo_trainer.resolve_auto_options`): each
+    field from the config's option of the same name, but for the roles that DERIVED_FIELDS
+    says the method decides. A caller's config without an option gets LossSpec's default."""
+    named = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossSpec)
+             if hasattr(cfg, f.name)}
+    return LossSpec(**{**named, **{name: of(cfg) for name, of in DERIVED_FIELDS.items()}})
+
+
+def advantages_of(cfg) -> str:
+    """gae for ppo, grpo (the paper's std normalisation) or dr_grpo (none) for grpo, the
+    method's own for the rest."""
+    if cfg.algo == "grpo":
+        return "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
+    return {"ppo": "gae", "online_dpo": "preference"}.get(cfg.algo, cfg.algo)
 
 
 def policy_loss_of(cfg) -> str:
@@ -94,6 +97,20 @@ def policy_loss_of(cfg) -> str:
     if cfg.algo == "online_dpo":
         return "dpo"
     return getattr(cfg, "ratio", "token")
+
+
+# the LossSpec fields that no option of the same name gives: the method decides them
+DERIVED_FIELDS = {
+    "advantages": advantages_of,
+    "policy_loss": policy_loss_of,
+    # online DPO's KL to the reference is its beta, inside its loss: no KL term anywhere
+    "kl_in": lambda cfg: "none" if cfg.algo == "online_dpo" else cfg.kl_in,
+    "kl_estimator": lambda cfg: (default_kl_estimator(cfg.kl_in)
+                                 if getattr(cfg, "kl_estimator", "auto") == "auto"
+                                 else cfg.kl_estimator),
+    # --clip_range_high 0 means the same as the lower clip
+    "clip_high": lambda cfg: getattr(cfg, "clip_range_high", 0) or cfg.clip_range,
+}
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -201,6 +218,31 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
 POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo}
 
 
+# ----------------------------------------------------------------------------- which tokens learn
+def top_entropy_tokens(entropy, action_mask, spec, for_update):
+    """(B, N) 1 on the tokens whose entropy is in the top `spec.top_entropy_quantile` of the
+    batch's response tokens (ties at the threshold kept), 0 elsewhere: "Beyond the 80/20
+    rule" (Wang et al. 2025) trains only on these forks of the reasoning. `entropy` is the
+    rollout's (the policy that sampled it), so the choice stays fixed through the update and
+    is the same in slices; an update's batch takes its threshold over every process's tokens
+    (torchrun), an eval batch over its own. The threshold is torch.quantile's (linear
+    interpolation), written with a sort so that the gradient oracle can vmap it."""
+    mask = action_mask.bool()
+    flat = torch.where(mask, entropy.float(), float("inf")).flatten()  # off the mask: sorted last
+    if for_update and is_distributed():
+        flat = torch.cat([x.to(flat.device) for x in gather(flat.cpu())])
+    values = flat.sort().values
+    count = (values < float("inf")).sum()
+    position = (count - 1).clamp(min=0) * (1 - spec.top_entropy_quantile)
+    low, high = position.floor().long(), position.ceil().long()
+    threshold = values[low] + (values[high] - values[low]) * (position - low)
+    return ((entropy.float() >= threshold) & mask).to(action_mask.dtype)
+
+
+LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update: 1.0,
+                "top_entropy": top_entropy_tokens}
+
+
 def every_row(exp, group_size: int):
     return exp
 
@@ -209,6 +251,7 @@ def every_row(exp, group_size: int):
 # minibatch keeps whole: every row, one at a time, unless the loss says otherwise
 ROWS_TO_LEARN = {"dpo": (learn_pairs, 2)}  # online DPO: a pair per group
 TABLES = {"advantages": ADVANTAGES, "policy_loss": POLICY_LOSSES, "reduction": REDUCTIONS,
+          "learn_tokens": LEARN_TOKENS,
           "kl_in": ("reward", "loss"),  # the placements --kl_in offers ("none" is online DPO's)
           "kl_estimator": KL_ESTIMATORS}
 
@@ -257,7 +300,7 @@ def score_shaping_of(cfg) -> str:
 
 # ----------------------------------------------------------------------------- the two calls
 def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, spec: LossSpec,
-                          kl_coef: float, for_update: bool = True, weights=None):
+                          kl_coef: float, for_update: bool = True, weights=None, entropy=None):
     """(rewards, advantages, returns), each (B, N), of a scored rollout batch.
 
     placed: (B, N) the rewards where they land (the score on the last action); logprobs,
@@ -265,14 +308,16 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
     estimator's value is taken off every token's reward. `for_update` False: an eval batch,
     whose rows are no groups (a group estimator gives it advantages 0) and are whitened on
     this process alone. `weights` (B, N): truncated importance weights that multiply the
-    advantages (the same as weighing each token's clipped surrogate: they are >= 0). For a
-    group estimator the rewards kept are each response's total, on every one of its tokens."""
+    advantages (the same as weighing each token's clipped surrogate: they are >= 0); so does
+    LEARN_TOKENS's choice, from the rollout's `entropy` (B, N). For a group estimator the
+    rewards kept are each response's total, on every one of its tokens."""
     rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec,
                                            kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
                                                                spec, for_update)
     if weights is not None:
         advantages = advantages * weights
+    advantages = advantages * LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update)
     return rewards, advantages, returns
 
 

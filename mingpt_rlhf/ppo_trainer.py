@@ -442,7 +442,8 @@ class PPOTrainer:
         # the KL penalty (in the reward, from the learner's log-probs), the advantages
         # (losses.ADVANTAGES) and the correction's weights on them: losses.py, one call
         rewards, advantages, returns = experience_advantages(
-            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update, weights)
+            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update, weights,
+            entropy)
         exp = Experience(seqs, attn, action_mask, old_logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores, start_logprobs=logprobs)
 

@@ -15,7 +15,7 @@ from .cli import require_non_negative, require_positive
 from .ensemble import COMBINE_CHOICES
 from .errors import UserError
 from .lora import check_lora_options
-from .losses import GROUP_ALGOS
+from .losses import GROUP_ALGOS, LEARN_TOKENS
 from .offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
 from .ppo_trainer import resolve_auto_options
 
@@ -70,6 +70,12 @@ READ_ONLY_WITH = {
     "learn_batch_size": (lambda c: c.algo != "online_dpo",
                          "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is a "
                          "mean over the pairs with a preference, which a slice cannot count)"),
+    # which tokens learn: a per-token choice of the PPO family's surrogate
+    "learn_tokens": (lambda c: c.algo != "online_dpo" and c.ratio == "token",
+                     "with --algo ppo, grpo, rloo or reinforce++ and --ratio token (online_dpo "
+                     "learns from whole pairs, GSPO from one ratio per response)"),
+    "top_entropy_quantile": (lambda c: c.learn_tokens == "top_entropy",
+                             "with --learn_tokens top_entropy"),
     # where the data and the reward come from
     "eval_prompts_file": (lambda c: bool(c.prompts),
                           "with --prompts (the built-in task has its own eval prompts)"),
@@ -193,6 +199,12 @@ def check_config(cfg) -> None:
         raise UserError(f"--kl_estimator must be auto, k1, k2 or k3, got {cfg.kl_estimator!r}")
     if cfg.reduction not in ("auto", "token", "sequence", "budget"):
         raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
+    if cfg.learn_tokens not in LEARN_TOKENS:
+        raise UserError(f"--learn_tokens must be one of {', '.join(LEARN_TOKENS)}, got "
+                        f"{cfg.learn_tokens!r}")
+    if not 0 < cfg.top_entropy_quantile <= 1:
+        raise UserError(f"--top_entropy_quantile must be in (0, 1], got "
+                        f"{cfg.top_entropy_quantile}")
     if cfg.grpo_norm not in ("grpo", "dr"):
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
     if cfg.critic not in ("auto", "separate", "shared"):

@@ -180,6 +180,15 @@ def reference_update(row, table, behind, world):
                                for t in range(MAX_LEN)], -1) * mask
         adv = whiten(returns, mask)
     adv = adv * weight[batches]
+    if spec.learn_tokens == "top_entropy":  # the rollout's entropy: the learner's, at ratio 1
+        assert row.sampler == "current"
+        cond = torch.log_softmax(table[:, 1:], -1)
+        entropy = -(cond.exp() * cond).sum(-1)                          # (P,) at each prefix
+        at = torch.stack([torch.stack([entropy[p] for p, _ in s] + [torch.zeros((), dtype=torch.float64)]
+                                      * (MAX_LEN - len(s))) for s in STEPS])[batches]  # (G, n, N)
+        for g in range(len(batches)):  # each batch's own threshold, torch.quantile's
+            threshold = torch.quantile(at[g][mask[g].bool()], 1 - spec.top_entropy_quantile)
+            adv[g] = adv[g] * ((at[g] >= threshold) & mask[g].bool())
     lengths = mask.sum(-1, keepdim=True)                               # (G, n, 1)
     share = {"token": mask / mask.sum((-1, -2), keepdim=True),
              "sequence": mask / (n * lengths),

@@ -18,6 +18,8 @@ from test_ppo_trainer import Cfg, make_trainer, prompts
 class SliceCfg(Cfg):
     learn_batch_size: int = 0
     ratio: str = "token"
+    learn_tokens: str = "all"
+    top_entropy_quantile: float = 0.2
 
 
 def learnt(cfg, shared=True, critic_free=False, ptx_data=None):
@@ -47,8 +49,9 @@ def learnt(cfg, shared=True, critic_free=False, ptx_data=None):
     (dict(algo="grpo", group_size=4, grpo_norm="grpo", kl_in="loss"), True, True),  # sequence, k3
     (dict(algo="rloo", group_size=4, entropy_coef=0.05), True, True),
     (dict(algo="grpo", group_size=4, ratio="sequence"), True, True),     # GSPO's sequence ratio
+    (dict(algo="grpo", group_size=4, learn_tokens="top_entropy"), True, True),  # a token mask
 ], ids=["ppo-shared", "ppo-separate-entropy", "dr-grpo", "grpo-std-kl-loss", "rloo-entropy",
-        "gspo"])
+        "gspo", "top-entropy"])
 def test_slices_learn_what_the_whole_minibatch_learns(options, shared, critic_free):
     base = dict(minibatch_size=8, ppo_epochs=2, actor_lr=1e-2, critic_lr=1e-2, **options)
     whole, whole_stats = learnt(SliceCfg(**base), shared, critic_free)

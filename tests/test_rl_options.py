@@ -39,6 +39,8 @@ EXAMPLES = {
     "kl_coef": (0.1, [ONLINE_DPO], {"algo": "grpo"}),
     "adaptive_kl": (False, [ONLINE_DPO], {}),
     "kl_horizon": (5.0, [ONLINE_DPO, {"adaptive_kl": False}], {}),
+    "learn_tokens": ("top_entropy", [ONLINE_DPO, {"algo": "grpo", "ratio": "sequence"}], {}),
+    "top_entropy_quantile": (0.5, [{}], {"learn_tokens": "top_entropy"}),
     "eval_prompts_file": ("eval.jsonl", [{}], {"prompts": "train.jsonl"}),
     "task": ("sort", [{"prompts": "train.jsonl"}, {"env": "guess"}], {}),
     "prompts": ("train.jsonl", [{"env": "guess"}], {}),
