@@ -515,6 +515,84 @@ class TrainingPrompts:
 
 
 def main(cfg: Config) -> dict:
+    """One RL run: the set-up, then max_iters iterations of roll out, score, learn, log, with
+    an eval and a checkpoint every eval_interval, then the final eval and the summary."""
+    run = set_up(cfg)  # config, models, data, the reward, the trainer; a resumed run's state
+    trainer, source, reward_fn, watch = run.trainer, run.source, run.reward_fn, run.watch
+    if run.step == 0 and is_main():
+        run.initial = run.evaluate(0)
+    watch.first_step = run.step  # this process's first iteration, resumed or not
+    bar = tqdm(range(run.step, cfg.max_iters), initial=run.step, total=cfg.max_iters,
+               desc=cfg.algo, dynamic_ncols=True, disable=not is_main())
+    for step in bar:
+        trainer.set_lr_scale(lr_at(step, cfg.max_iters, 1.0, 0, "linear"))  # linear decay to 0
+        batches = [source.draw() for _ in range(cfg.rollouts_per_update)]
+        reward_fn.begin(f"iteration {step + 1}")  # errors of a reward from code name where
+        experiences, stats = trainer.step(batches, run.sample_gen, run.shuffle_gen,
+                                          refill=source.draw)
+        stats[run.score_name] = stats.pop("rm_score")
+        stats.update(source.figures(experiences))  # the gold of a built-in task
+        stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
+        stats.update(watch.check(stats, step + 1, trainer.kl_ctl.value))  # warnings, hacking
+        run.log.log(step + 1, **stats)
+        bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[run.score_name]:.2f}",
+                           **({"gold": f"{stats['gold']:.2f}"} if "gold" in stats else {}),
+                           "kl": f"{stats['kl']:.2f}"})
+        if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
+            if is_main():
+                run.evaluate(step + 1)
+            run.save(step + 1)
+    bar.close()
+    return finish(run)
+
+
+@dataclass
+class Run:
+    """What main's loop works with, built by `set_up`: the trainer (its models, optimizers
+    and KL controller), where batches come from, the reward, the watcher, the logs, the random
+    streams, and what a checkpoint saves beside them."""
+    cfg: Config
+    trainer: PPOTrainer
+    source: object               # TrainingPrompts, or episodes.EpisodeSeeds with --env
+    reward_fn: object            # rewards.py (ModelReward, ...), ensemble.py, episodes.py
+    watch: RunWatch
+    log: MetricsLog
+    recorder: RolloutRecorder
+    tokenizer: object
+    score_name: str              # what the logs call the reward: rm_score, or reward
+    sample_gen: torch.Generator  # draws tokens (on the model's device)
+    shuffle_gen: torch.Generator  # orders minibatches, picks ptx batches (CPU)
+    prompt_gen: torch.Generator  # which prompts (the same on every rank)
+    ckpt_path: str
+    step: int = 0                # the first iteration: 0, or where a resumed run saved
+    initial: dict | None = None  # the SFT policy's eval figures (step 0)
+
+    def evaluate(self, step: int) -> dict:
+        return self.source.evaluate(step, self.trainer, self.recorder, self.log, self.reward_fn,
+                                    self.score_name)
+
+    def save(self, step: int) -> None:
+        trainer, actor = self.trainer, self.trainer.actor
+        critic, value_head = trainer.critic, trainer.value_head
+        save_checkpoint(self.ckpt_path, {
+            "stage": self.cfg.algo, "model": weights_for_later_stages(actor),
+            "model_config": asdict(actor.config), "tokenizer": self.tokenizer.state_dict(),
+            "actor": resume_state(actor),
+            "critic": resume_state(critic) if critic is not None else None,
+            "value_head": value_head.state_dict() if value_head is not None else None,
+            "actor_opt": trainer.actor_opt.state_dict(),
+            "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
+            "kl_ctl": trainer.kl_ctl.state_dict(), "kl_over_target": self.watch.kl_high,
+            "step": step,
+            "rng": rank_rng_states(sample=self.sample_gen, shuffle=self.shuffle_gen),
+            "prompt_rng": self.prompt_gen.get_state(),
+            "sampler_behind": trainer.queue.state(),  # --sampler_lag: the sampler's weights
+            "time": self.log.elapsed(), "config": asdict(self.cfg), "initial_eval": self.initial})
+
+
+def set_up(cfg: Config) -> Run:
+    """Everything before the first iteration: the options checked, the device, the seed, the
+    models, the data, the reward, the trainer and, with --resume, every state the run saved."""
     # ---- config, device, seed
     check_config(cfg)
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
@@ -595,58 +673,25 @@ def main(cfg: Config) -> dict:
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
     print(run_line(cfg, actor, source, device, dtype))
+    return Run(cfg, trainer, source, reward_fn, watch, log, recorder, tokenizer, score_name,
+               sample_gen, shuffle_gen, prompt_gen, ckpt_path, step, initial)
 
-    def save(step: int):
-        save_checkpoint(ckpt_path, {
-            "stage": cfg.algo, "model": weights_for_later_stages(actor),
-            "model_config": asdict(actor.config), "tokenizer": tokenizer.state_dict(),
-            "actor": resume_state(actor),
-            "critic": resume_state(critic) if critic is not None else None,
-            "value_head": value_head.state_dict() if value_head is not None else None,
-            "actor_opt": trainer.actor_opt.state_dict(),
-            "critic_opt": trainer.critic_opt.state_dict() if trainer.critic_opt else None,
-            "kl_ctl": kl_ctl.state_dict(), "kl_over_target": watch.kl_high, "step": step,
-            "rng": rank_rng_states(sample=sample_gen, shuffle=shuffle_gen),
-            "prompt_rng": prompt_gen.get_state(),
-            "sampler_behind": trainer.queue.state(),  # --sampler_lag: the sampler's weights
-            "time": log.elapsed(), "config": asdict(cfg), "initial_eval": initial})
 
-    def evaluate(step: int) -> dict:
-        return source.evaluate(step, trainer, recorder, log, reward_fn, score_name)
-
-    # ---- loop
-    if step == 0 and is_main():
-        initial = evaluate(0)
-    watch.first_step = step  # this process's first iteration, resumed or not
-    bar = tqdm(range(step, cfg.max_iters), initial=step, total=cfg.max_iters, desc=cfg.algo,
-               dynamic_ncols=True, disable=not is_main())
-    for step in bar:
-        trainer.set_lr_scale(lr_at(step, cfg.max_iters, 1.0, 0, "linear"))  # linear decay to 0
-        batches = [source.draw() for _ in range(cfg.rollouts_per_update)]
-        reward_fn.begin(f"iteration {step + 1}")  # errors of a reward from code name where
-        experiences, stats = trainer.step(batches, sample_gen, shuffle_gen, refill=source.draw)
-        stats[score_name] = stats.pop("rm_score")
-        stats.update(source.figures(experiences))  # the gold of a built-in task
-        stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
-        stats.update(watch.check(stats, step + 1, kl_ctl.value))  # warnings, hacking signals
-        log.log(step + 1, **stats)
-        bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[score_name]:.2f}",
-                           **({"gold": f"{stats['gold']:.2f}"} if "gold" in stats else {}),
-                           "kl": f"{stats['kl']:.2f}"})
-        if (step + 1) % cfg.eval_interval == 0 and step + 1 < cfg.max_iters:
-            if is_main():
-                evaluate(step + 1)
-            save(step + 1)
-    bar.close()
-
-    final = evaluate(cfg.max_iters) if is_main() else {}
-    save(cfg.max_iters)
-    updates = update_counts(read_metrics(log.path)) if is_main() else {}
-    summary = log.log(cfg.max_iters, final=True, **final, skipped_updates=trainer.skipped_updates,
-                      **{k: v for k, v in updates.items() if k != "iterations"})
+def finish(run: Run) -> dict:
+    """After the last iteration: the final eval and checkpoint, the summary line of the logs
+    (with the updates that stopped early or took no step), what changed since the SFT policy,
+    the curves and report.html."""
+    cfg, trainer = run.cfg, run.trainer
+    final = run.evaluate(cfg.max_iters) if is_main() else {}
+    run.save(cfg.max_iters)
+    updates = update_counts(read_metrics(run.log.path)) if is_main() else {}
+    summary = run.log.log(cfg.max_iters, final=True, **final,
+                          skipped_updates=trainer.skipped_updates,
+                          **{k: v for k, v in updates.items() if k != "iterations"})
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    if initial:
-        print("\n".join(comparison_lines(initial, final, cfg.algo, "episodes" if cfg.env else "prompts")))
+    if run.initial:
+        print("\n".join(comparison_lines(run.initial, final, cfg.algo,
+                                         "episodes" if cfg.env else "prompts")))
     if updates:
         print("\n".join(update_lines(updates)))
     picture_of_run(cfg.out_dir)
