@@ -27,7 +27,7 @@ from tqdm import tqdm
 from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
                                     rank_rng_states, restore_rank_rng, resume_checkpoint,
                                     resume_state, save_checkpoint, weights_for_later_stages)
-from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
 from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl, micro_batches_of_step
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
@@ -73,17 +73,20 @@ class Config:
     max_new_tokens: int = opt(32, "longest sampled response at eval")
     rm_dir: str = opt("", "a reward model folder to score the eval samples with (optional)")
     seed: int = opt(1337, "random seed")
-    device: str = opt("auto", "auto | cpu | cuda | mps")
+    device: str = opt("auto", "auto | cpu | cuda | mps", group=MACHINERY)
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
-                             "fp32; float16 uses loss scaling)")
+                             "fp32; float16 uses loss scaling)", group=MACHINERY)
     lora_rank: int = opt(0, "LoRA rank (0 = train every weight); the reference is then the "
-                            "policy with its adapters off")
-    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
-    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+                            "policy with its adapters off", group=MACHINERY)
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
+                            group=MACHINERY)
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+                            group=MACHINERY)
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
+                                group=MACHINERY)
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(docs/speed.md); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs", group=MACHINERY)
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 

@@ -49,7 +49,7 @@ from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_
                                     load_state_dict_checked, rank_rng_states, restore_rank_rng,
                                     resume_checkpoint, resume_state, save_checkpoint,
                                     weights_for_later_stages)
-from mingpt_rlhf.cli import opt, run
+from mingpt_rlhf.cli import MACHINERY, opt, run
 from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
@@ -77,10 +77,22 @@ from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.watch import RunWatch
 
+# --help's groups: the recipe's options first (RECIPE: every option below without a group), then
+# each variant's options under its name (which runs read which: READ_ONLY_WITH, rl_options.py)
+RECIPE = "PPO, the recipe: data, sizes, sampling, learning rates, KL, GAE, clip, critic, eval"
+CRITIC_FREE = "GRPO, RLOO and REINFORCE++: no critic (--algo grpo | rloo | reinforce++)"
+ONLINE_DPO = "online DPO (--algo online_dpo)"
+KL_AND_REDUCTION = "where the KL goes, its estimator, and the loss's reduction over tokens"
+REFINEMENTS = "refinements: GSPO's ratio, DAPO's clip-higher, overlong shaping, dynamic sampling"
+OFF_POLICY = "a sampler behind the learner: its lag and the off-policy corrections"
+EPISODES = "multi-turn: episodes with an environment (--env)"
+ENSEMBLES = "reward-model ensembles (train_rm.py --ensemble K)"
+HACKING = "reward hacking: a held-out reward model and the warning signals"
+
 
 @dataclass
 class Config:
-    out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl")
+    out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl", group=RECIPE)
     sft_dir: str = opt("out/sft", "SFT output folder: actor and reference start from it")
     init_from: str = opt("", "actor and reference from GPT-2 weights instead of --sft_dir")
     rm_dir: str = opt("out/rm", "reward model output folder (with --reward rm): the reward, and "
@@ -92,14 +104,6 @@ class Config:
                             "list of floats, on decoded text, one call per rollout batch; fields: "
                             "the other columns of --prompts)")
     task: str = opt("reviews", "built-in task giving prompts and a gold reward")
-    env: str = opt("", "play episodes with an environment instead of answering prompts: a "
-                       "built-in (guess) | FILE.py:CLASS | MODULE:CLASS, a class with "
-                       "reset(seed) -> str and step(action) -> (reply, reward, done); the "
-                       "environment gives the rewards (docs/multiturn.md)")
-    max_turns: int = opt(8, "with --env: most policy turns per episode (each of up to "
-                            "--max_new_tokens tokens, ended by EOS)")
-    mask_env: bool = opt(True, "with --env: keep the environment's tokens out of every loss, "
-                               "KL and token mean (false only to see what the mask is for)")
     prompts: str = opt("", "JSONL of {prompt, ...} lines; replaces the task's prompts (5%% held "
                            "out for eval unless --eval_prompts_file); every other field of a "
                            "line (e.g. answer) reaches a --reward function as a keyword argument")
@@ -112,39 +116,6 @@ class Config:
                            "whole batch) | online_dpo (DPO's loss on the best and worst of "
                            "each group the policy samples, no critic; mingpt_rlhf/online_dpo.py); "
                            "see docs/methods.md and mingpt_rlhf/refinements.py")
-    group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
-                             ">= 2; 0 = auto: 2 for online_dpo, else 8)")
-    dpo_beta: float = opt(0.3, "online_dpo: DPO's beta, the strength of the implicit KL to the "
-                               "reference (it takes no KL penalty: --kl_in, --kl_estimator, "
-                               "--kl_coef, --adaptive_kl and --kl_horizon are refused with it)")
-    dpo_loss: str = opt("sigmoid", "online_dpo: sigmoid (DPO) | ipo (squared loss towards "
-                                   "h = 1 / (2 beta))")
-    kl_in: str = opt("auto", "where the KL penalty goes: reward (beta x --kl_estimator per "
-                             "token off the reward; grpo / rloo sum it per response) | loss "
-                             "(beta x --kl_estimator per token in the loss, reduced like the "
-                             "surrogate, as the GRPO paper; measured weaker here, see "
-                             "docs/results.md) | auto (loss with --grpo_norm grpo, else reward). "
-                             "Not online_dpo, whose KL is --dpo_beta")
-    kl_estimator: str = opt("auto", "the per-token estimate of KL(policy || reference): k1 "
-                                    "(log p - log ref) | k2 ((log p - log ref)^2 / 2) | k3 "
-                                    "(e^(ref - log p) - (ref - log p) - 1) | auto (k1 in the "
-                                    "reward, k3 in the loss). Only k1 in the reward follows "
-                                    "the gradient of the response's KL; in the loss k1 has no "
-                                    "KL gradient, k2 misses the later tokens' share, k3 "
-                                    "follows each token's KL(reference || policy) "
-                                    "(docs/gradients.md)")
-    grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
-                               "--max_new_tokens | grpo (the paper): divide by the group's reward "
-                               "std and average each response's tokens; needs the KL in the loss "
-                               "(with it in the reward, a group of equal scores would get its KL "
-                               "noise scaled to +-1 advantages)")
-    reduction: str = opt("auto", "how token losses become one number: token (mean over the "
-                                 "minibatch's tokens) | sequence (mean per response, then over "
-                                 "responses) | budget (sum per response / --max_new_tokens) | "
-                                 "auto = ppo: token, reinforce++: token, rloo: budget, grpo: "
-                                 "budget (--grpo_norm dr, the default) or sequence (--grpo_norm "
-                                 "grpo); with --ratio sequence always sequence, GSPO's own, the "
-                                 "only one it takes")
     critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
                               "without one) | shared (a value head on the actor, from zero) | "
                               "auto (separate with --reward rm; shared without an RM: a second "
@@ -158,19 +129,6 @@ class Config:
     ppo_epochs: int = opt(4, "passes over the replay buffer per update")
     minibatch_size: int = opt(16, "responses per minibatch, all processes together (advantages "
                                   "are whitened once per rollout batch, not per minibatch)")
-    generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
-                                      "of the rollout batch); "
-                                      "fewer hold a smaller KV cache, the largest tensor of the rollout")
-    score_batch_size: int = opt(0, "rows per forward pass when scoring a rollout (actor, "
-                                   "reference, critic, RM; no gradients), per process (0 = "
-                                   "--minibatch_size, the whole minibatch's, not its share)")
-    learn_batch_size: int = opt(0, "rows per forward and backward pass of the update, per process: "
-                                   "each minibatch is learnt in slices of this many, their "
-                                   "gradients summed before its one step (the same update, less "
-                                   "memory for activations; must divide the minibatch's share; "
-                                   "0 = the whole minibatch at once). Not with online_dpo: its "
-                                   "loss is a mean over the pairs that carry a preference, a "
-                                   "count a slice does not know")
     max_new_tokens: int = opt(32, "longest response; longer ones get --missing_eos_penalty "
                                   "(unless --penalize_missing_eos false)")
     temperature: float = opt(1.0, "sampling temperature; log-probs use the same one")
@@ -200,42 +158,6 @@ class Config:
                             "(1 = none)")
     lam: float = opt(0.95, "GAE lambda")
     clip_range: float = opt(0.2, "policy ratio clip epsilon")
-    clip_range_high: float = opt(0.0, "upper clip of the ratio, 1 + this (DAPO's clip-higher, "
-                                      "e.g. 0.28); 0 = --clip_range, the symmetric clip")
-    ratio: str = opt("token", "token (each token's own ratio, clipped per token) | sequence "
-                              "(GSPO: one ratio per response, the geometric mean of its "
-                              "tokens', clipped per response; grpo and rloo only, with a small "
-                              "--clip_range such as 3e-4; its loss is a mean over responses, "
-                              "its own --reduction sequence). Not with --offpolicy tis, "
-                              "decoupled or mask, which weigh each token (docs/offpolicy.md): "
-                              "--offpolicy gspo or clip take its ratio against the sampler")
-    overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
-                                  "--max_new_tokens a response's reward falls linearly, to -1 "
-                                  "at the budget (0 = off)")
-    dynamic_sampling: int = opt(0, "DAPO's dynamic sampling (grpo / rloo): drop the groups whose "
-                                   "scores are all equal (they carry no signal) and refill the "
-                                   "batch from up to this many more rollout batches of new "
-                                   "prompts; if still short, the update uses what it kept (0 = off)")
-    tis_cap: float = opt(0.0, "the cap C of the importance weight learner / sampler "
-                              "probability of each token: tis weighs each token's loss by "
-                              "min(weight, C), decoupled caps at C (0: no cap), mask keeps the "
-                              "tokens whose weight is in [1/C, C] (tis and mask: 0 = 2); set "
-                              "alone, it turns --offpolicy auto into tis. Refused with none, "
-                              "clip and gspo, which weigh no token")
-    sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
-                              "updates ago, as an asynchronous trainer's sampler runs behind its "
-                              "learner (it keeps this many copies of the trainable weights; with "
-                              "LoRA the adapters); the rollouts are then off-policy (what "
-                              "--offpolicy corrects); the logs show the gap as mismatch_kl")
-    offpolicy: str = opt("auto", "what corrects a sampler whose log-probs differ from the "
-                                 "learner's (--sampler_lag, or --dtype bfloat16 / float16): "
-                                 "none (the ratio against the learner's own pass) | clip (the "
-                                 "ratio and clip against the sampler) | decoupled (clip against "
-                                 "the learner, each token weighed by learner / sampler) | tis "
-                                 "(that weight capped at --tis_cap) | mask (tokens whose weight "
-                                 "leaves [1/C, C] dropped) | gspo (GSPO's sequence ratio against "
-                                 "the sampler; grpo and rloo); auto = tis with --tis_cap, else "
-                                 "none (mingpt_rlhf/offpolicy.py)")
     clip_range_value: float = opt(0.2, "value clip range around the old values: past it the "
                                        "value loss stops pushing a value further towards its "
                                        "return (it does not bound how far a value moves)")
@@ -276,35 +198,137 @@ class Config:
                                   "reward and entropy into rollouts.jsonl, which report.html shows "
                                   "(0 = off; mingpt_rlhf/rollouts.py)")
     seed: int = opt(1337, "random seed")
-    device: str = opt("auto", "auto | cpu | cuda | mps")
-    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
-                             "fp32; float16 uses loss scaling)")
-    lora_rank: int = opt(0, "LoRA rank for actor and critic (0 = full fine-tuning); with LoRA the "
-                            "reference is the actor with its adapters off")
-    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
-    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
-    compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
-                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(docs/speed.md); meant for GPUs")
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+    group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
+                             ">= 2; 0 = auto: 2 for online_dpo, else 8)", group=CRITIC_FREE)
+    grpo_norm: str = opt("dr", "dr (Dr. GRPO): r - mean(r), token losses summed and divided by "
+                               "--max_new_tokens | grpo (the paper): divide by the group's reward "
+                               "std and average each response's tokens; needs the KL in the loss "
+                               "(with it in the reward, a group of equal scores would get its KL "
+                               "noise scaled to +-1 advantages)", group=CRITIC_FREE)
+    dpo_beta: float = opt(0.3, "online_dpo: DPO's beta, the strength of the implicit KL to the "
+                               "reference (it takes no KL penalty: --kl_in, --kl_estimator, "
+                               "--kl_coef, --adaptive_kl and --kl_horizon are refused with it)",
+                          group=ONLINE_DPO)
+    dpo_loss: str = opt("sigmoid", "online_dpo: sigmoid (DPO) | ipo (squared loss towards "
+                                   "h = 1 / (2 beta))", group=ONLINE_DPO)
+    kl_in: str = opt("auto", "where the KL penalty goes: reward (beta x --kl_estimator per "
+                             "token off the reward; grpo / rloo sum it per response) | loss "
+                             "(beta x --kl_estimator per token in the loss, reduced like the "
+                             "surrogate, as the GRPO paper; measured weaker here, see "
+                             "docs/results.md) | auto (loss with --grpo_norm grpo, else reward). "
+                             "Not online_dpo, whose KL is --dpo_beta", group=KL_AND_REDUCTION)
+    kl_estimator: str = opt("auto", "the per-token estimate of KL(policy || reference): k1 "
+                                    "(log p - log ref) | k2 ((log p - log ref)^2 / 2) | k3 "
+                                    "(e^(ref - log p) - (ref - log p) - 1) | auto (k1 in the "
+                                    "reward, k3 in the loss). Only k1 in the reward follows "
+                                    "the gradient of the response's KL; in the loss k1 has no "
+                                    "KL gradient, k2 misses the later tokens' share, k3 "
+                                    "follows each token's KL(reference || policy) "
+                                    "(docs/gradients.md)", group=KL_AND_REDUCTION)
+    reduction: str = opt("auto", "how token losses become one number: token (mean over the "
+                                 "minibatch's tokens) | sequence (mean per response, then over "
+                                 "responses) | budget (sum per response / --max_new_tokens) | "
+                                 "auto = ppo: token, reinforce++: token, rloo: budget, grpo: "
+                                 "budget (--grpo_norm dr, the default) or sequence (--grpo_norm "
+                                 "grpo); with --ratio sequence always sequence, GSPO's own, the "
+                                 "only one it takes", group=KL_AND_REDUCTION)
+    ratio: str = opt("token", "token (each token's own ratio, clipped per token) | sequence "
+                              "(GSPO: one ratio per response, the geometric mean of its "
+                              "tokens', clipped per response; grpo and rloo only, with a small "
+                              "--clip_range such as 3e-4; its loss is a mean over responses, "
+                              "its own --reduction sequence). Not with --offpolicy tis, "
+                              "decoupled or mask, which weigh each token (docs/offpolicy.md): "
+                              "--offpolicy gspo or clip take its ratio against the sampler",
+                     group=REFINEMENTS)
+    clip_range_high: float = opt(0.0, "upper clip of the ratio, 1 + this (DAPO's clip-higher, "
+                                      "e.g. 0.28); 0 = --clip_range, the symmetric clip",
+                                 group=REFINEMENTS)
+    overlong_buffer: int = opt(0, "DAPO's overlong shaping: within this many tokens of "
+                                  "--max_new_tokens a response's reward falls linearly, to -1 "
+                                  "at the budget (0 = off)", group=REFINEMENTS)
+    dynamic_sampling: int = opt(0, "DAPO's dynamic sampling (grpo / rloo): drop the groups whose "
+                                   "scores are all equal (they carry no signal) and refill the "
+                                   "batch from up to this many more rollout batches of new "
+                                   "prompts; if still short, the update uses what it kept (0 = off)",
+                                group=REFINEMENTS)
+    sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
+                              "updates ago, as an asynchronous trainer's sampler runs behind its "
+                              "learner (it keeps this many copies of the trainable weights; with "
+                              "LoRA the adapters); the rollouts are then off-policy (what "
+                              "--offpolicy corrects); the logs show the gap as mismatch_kl",
+                           group=OFF_POLICY)
+    offpolicy: str = opt("auto", "what corrects a sampler whose log-probs differ from the "
+                                 "learner's (--sampler_lag, or --dtype bfloat16 / float16): "
+                                 "none (the ratio against the learner's own pass) | clip (the "
+                                 "ratio and clip against the sampler) | decoupled (clip against "
+                                 "the learner, each token weighed by learner / sampler) | tis "
+                                 "(that weight capped at --tis_cap) | mask (tokens whose weight "
+                                 "leaves [1/C, C] dropped) | gspo (GSPO's sequence ratio against "
+                                 "the sampler; grpo and rloo); auto = tis with --tis_cap, else "
+                                 "none (mingpt_rlhf/offpolicy.py)", group=OFF_POLICY)
+    tis_cap: float = opt(0.0, "the cap C of the importance weight learner / sampler "
+                              "probability of each token: tis weighs each token's loss by "
+                              "min(weight, C), decoupled caps at C (0: no cap), mask keeps the "
+                              "tokens whose weight is in [1/C, C] (tis and mask: 0 = 2); set "
+                              "alone, it turns --offpolicy auto into tis. Refused with none, "
+                              "clip and gspo, which weigh no token", group=OFF_POLICY)
+    env: str = opt("", "play episodes with an environment instead of answering prompts: a "
+                       "built-in (guess) | FILE.py:CLASS | MODULE:CLASS, a class with "
+                       "reset(seed) -> str and step(action) -> (reply, reward, done); the "
+                       "environment gives the rewards (docs/multiturn.md)", group=EPISODES)
+    max_turns: int = opt(8, "with --env: most policy turns per episode (each of up to "
+                            "--max_new_tokens tokens, ended by EOS)", group=EPISODES)
+    mask_env: bool = opt(True, "with --env: keep the environment's tokens out of every loss, "
+                               "KL and token mean (false only to see what the mask is for)",
+                         group=EPISODES)
     ensemble_combine: str = opt("mean", "with an ensemble in --rm_dir (train_rm.py --ensemble "
                                         "K): how the members' normalised scores make one "
                                         "reward: mean | wco (their minimum) | uwo (their mean "
                                         "- --uwo_lambda x their variance) | warm (one model, "
                                         "the members' weights averaged); a single reward "
-                                        "model takes mean (itself). docs/reward_hacking.md")
+                                        "model takes mean (itself). docs/reward_hacking.md",
+                                group=ENSEMBLES)
     uwo_lambda: float = opt(0.5, "--ensemble_combine uwo: the weight of the members' variance "
-                                 "(over K, in normalised units squared)")
+                                 "(over K, in normalised units squared)", group=ENSEMBLES)
     heldout_rm_dir: str = opt("", "a held-out reward model that never trains the policy, e.g. "
                                   "one trained on other pairs (train_rm.py --data_seed 1 "
                                   "--out_dir out/rm_heldout): each rollout is scored by it "
                                   "too, and the gap (reward - held-out) is logged as "
                                   "heldout_gap, a reward-hacking signal (one more RM forward "
-                                  "pass per rollout)")
+                                  "pass per rollout)", group=HACKING)
     warning_window: int = opt(5, "iterations per window of the reward-hacking signals and "
                                  "hacking_warning logged each iteration (mingpt_rlhf/hacking.py; "
-                                 "the first signals after 3 windows)")
-    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+                                 "the first signals after 3 windows)", group=HACKING)
+    device: str = opt("auto", "auto | cpu | cuda | mps", group=MACHINERY)
+    dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
+                             "fp32; float16 uses loss scaling)", group=MACHINERY)
+    lora_rank: int = opt(0, "LoRA rank for actor and critic (0 = full fine-tuning); with LoRA the "
+                            "reference is the actor with its adapters off", group=MACHINERY)
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
+                            group=MACHINERY)
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+                            group=MACHINERY)
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
+                                group=MACHINERY)
+    compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
+                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
+                               "(docs/speed.md); meant for GPUs", group=MACHINERY)
+    generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
+                                      "of the rollout batch); "
+                                      "fewer hold a smaller KV cache, the largest tensor of the rollout",
+                                   group=MACHINERY)
+    score_batch_size: int = opt(0, "rows per forward pass when scoring a rollout (actor, "
+                                   "reference, critic, RM; no gradients), per process (0 = "
+                                   "--minibatch_size, the whole minibatch's, not its share)",
+                                group=MACHINERY)
+    learn_batch_size: int = opt(0, "rows per forward and backward pass of the update, per process: "
+                                   "each minibatch is learnt in slices of this many, their "
+                                   "gradients summed before its one step (the same update, less "
+                                   "memory for activations; must divide the minibatch's share; "
+                                   "0 = the whole minibatch at once). Not with online_dpo: its "
+                                   "loss is a mean over the pairs that carry a preference, a "
+                                   "count a slice does not know", group=MACHINERY)
 
 
 RESUME_FIXED = ("reward", "env", "critic", "lora_rank", "lora_targets", "ensemble_combine")

@@ -36,7 +36,7 @@ from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_st
                                     rank_rng_states, restore_rank_rng, resume_checkpoint,
                                     resume_state, reward_model_from, save_checkpoint,
                                     weights_for_later_stages)
-from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
 from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
                               micro_batches_of_step, right_pad)
@@ -99,16 +99,20 @@ class Config:
                            "order; then out_dir/warm, their weights averaged (WARM); "
                            "train_ppo.py --rm_dir out_dir scores with all of them, "
                            "docs/reward_hacking.md)")
-    device: str = opt("auto", "auto | cpu | cuda | mps")
+    device: str = opt("auto", "auto | cpu | cuda | mps", group=MACHINERY)
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
-                             "fp32; float16 uses loss scaling)")
-    lora_rank: int = opt(0, "LoRA rank for the trunk (0 = train every weight); the head always trains")
-    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
-    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+                             "fp32; float16 uses loss scaling)", group=MACHINERY)
+    lora_rank: int = opt(0, "LoRA rank for the trunk (0 = train every weight); the head always trains",
+                         group=MACHINERY)
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
+                            group=MACHINERY)
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+                            group=MACHINERY)
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
+                                group=MACHINERY)
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(docs/speed.md); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs", group=MACHINERY)
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 

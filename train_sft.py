@@ -31,7 +31,7 @@ from mingpt_rlhf.checkpoint import (load_resume_state, rank_rng_states, restore_
                                     weights_for_later_stages)
 from mingpt_rlhf.distributed import (all_sum, is_main, setup, shard, shutdown, token_share,
                                      world_size)
-from mingpt_rlhf.cli import (opt, require_data_for_eval_data, require_non_negative,
+from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                              require_positive, run)
 from mingpt_rlhf.data import IGNORE, SFTData, Transcript, holdout_split, load_sft_jsonl
 from mingpt_rlhf.episodes import EpisodeSource, load_env, play_and_measure
@@ -82,16 +82,20 @@ class Config:
     max_new_tokens: int = opt(32, "longest sampled response (with --env: turn) at eval")
     temperature: float = opt(1.0, "sampling temperature of the eval samples")
     seed: int = opt(1337, "random seed")
-    device: str = opt("auto", "auto | cpu | cuda | mps")
+    device: str = opt("auto", "auto | cpu | cuda | mps", group=MACHINERY)
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
-                             "fp32; float16 uses loss scaling)")
-    lora_rank: int = opt(0, "LoRA rank (0 = train every weight); checkpoints hold merged weights")
-    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)")
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts")
-    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute")
+                             "fp32; float16 uses loss scaling)", group=MACHINERY)
+    lora_rank: int = opt(0, "LoRA rank (0 = train every weight); checkpoints hold merged weights",
+                         group=MACHINERY)
+    lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
+                            group=MACHINERY)
+    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+                            group=MACHINERY)
+    grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
+                                group=MACHINERY)
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(docs/speed.md); meant for GPUs")
+                               "(docs/speed.md); meant for GPUs", group=MACHINERY)
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 

@@ -2,11 +2,14 @@
 
 Each script declares one `@dataclass` whose fields are its options; `opt(default, help)` puts
 the one-line meaning next to the field, and it becomes the `--help` text. No config framework:
-the dataclass *is* the documentation of the script.
+the dataclass *is* the documentation of the script. A `group` files an option under a heading
+of `--help`, in the order the groups first appear; an option without one joins the first group,
+the script's own options (train_ppo.py: PPO's, then each variant's options under its name).
 
     @dataclass
     class Config:
         lr: float = opt(1e-3, "peak learning rate")
+        lora_rank: int = opt(0, "LoRA rank (0 = off)", group=MACHINERY)
 
     if __name__ == "__main__":
         run(main, Config)   # parses --lr 3e-4 or --lr=3e-4; UserError -> "error: ..." exit 2
@@ -21,9 +24,13 @@ import typing
 from .errors import UserError
 
 
-def opt(default, help: str):
-    """A config field with its help text."""
-    return dataclasses.field(default=default, metadata={"help": help})
+# the group of the options that change how a run is computed, never what: the same in every script
+MACHINERY = "machinery: device, precision, LoRA, memory and speed"
+
+
+def opt(default, help: str, group: str = ""):
+    """A config field with its help text, under `group`'s heading in --help (none: the first)."""
+    return dataclasses.field(default=default, metadata={"help": help, "group": group})
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,19 +50,27 @@ def _parse_bool(text: str) -> bool:
 
 
 def build_parser(config_cls, description: str = "") -> argparse.ArgumentParser:
-    parser = OneLineParser(description=description,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    # the usage line stays one line: the groups below list the options, each under its heading
+    parser = OneLineParser(description=description, usage="%(prog)s [-h] [--option VALUE ...]",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    fields = dataclasses.fields(config_cls)
+    first = fields[0].metadata.get("group") or "options"
+    groups = {first: parser.add_argument_group(first)}
+    groups[first].add_argument("-h", "--help", action="help", help="show this help and exit")
     hints = typing.get_type_hints(config_cls)
-    for f in dataclasses.fields(config_cls):
+    for f in fields:
+        title = f.metadata.get("group") or first
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
         kind = hints[f.name]
         help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
         if kind is bool:
             # `--resume` alone means true; `--resume false` is accepted too
-            parser.add_argument(f"--{f.name}", type=_parse_bool, nargs="?", const=True,
-                                default=f.default, help=help_text, metavar="BOOL")
+            groups[title].add_argument(f"--{f.name}", type=_parse_bool, nargs="?", const=True,
+                                       default=f.default, help=help_text, metavar="BOOL")
         else:
-            parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=help_text,
-                                metavar=kind.__name__.upper())
+            groups[title].add_argument(f"--{f.name}", type=kind, default=f.default,
+                                       help=help_text, metavar=kind.__name__.upper())
     return parser
 
 
