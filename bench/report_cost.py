@@ -13,7 +13,7 @@ writing the lines) and writing report.html; the sizes of rollouts.jsonl and repo
 The recording's share of the run, measured inside the one run, is the figure to quote: the
 difference of the two runs' wall seconds is within the noise of a shared machine (a few %).
 With Debian's chromium installed, the first PPO run's report is also drawn again and
-photographed, headless, into bench/results/report_ppo.png (the README's picture).
+photographed, headless, into bench/results/report_ppo.png (the picture in docs/scripts.md).
 Each run is written to bench/results/report_cost.json as soon as it ends, and one already
 there is not run again (--rerun to redo), so an interrupted benchmark continues.
 """
