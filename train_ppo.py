@@ -83,7 +83,8 @@ RECIPE = "PPO, the recipe: data, sizes, sampling, learning rates, KL, GAE, clip,
 CRITIC_FREE = "GRPO, RLOO and REINFORCE++: no critic (--algo grpo | rloo | reinforce++)"
 ONLINE_DPO = "online DPO (--algo online_dpo)"
 KL_AND_REDUCTION = "where the KL goes, its estimator, and the loss's reduction over tokens"
-REFINEMENTS = "refinements: GSPO's ratio, DAPO's clip-higher, overlong shaping, dynamic sampling"
+REFINEMENTS = ("refinements: GSPO's ratio, DAPO's clip-higher, overlong shaping, dynamic "
+               "sampling, which tokens learn")
 OFF_POLICY = "a sampler behind the learner: its lag and the off-policy corrections"
 EPISODES = "multi-turn: episodes with an environment (--env)"
 ENSEMBLES = "reward-model ensembles (train_rm.py --ensemble K)"
@@ -163,12 +164,6 @@ class Config:
                                        "return (it does not bound how far a value moves)")
     vf_coef: float = opt(0.1, "value loss weight (shared critic only)")
     entropy_coef: float = opt(0.0, "entropy bonus weight")
-    learn_tokens: str = opt("all", "which response tokens learn (the others' advantages are 0): all "
-                                   "| top_entropy (only the --top_entropy_quantile of each "
-                                   "rollout's tokens with the highest entropy, Wang et al. 2025) "
-                                   "| any entry of losses.LEARN_TOKENS (docs/fork_it.md)")
-    top_entropy_quantile: float = opt(0.2, "--learn_tokens top_entropy: the share of a rollout's "
-                                           "tokens that learn, those of highest entropy")
     ptx_coef: float = opt(-1.0, "weight of the LM loss on demonstrations (0 = off; -1 = auto: "
                                  "0.02 for ppo, 0 for grpo and rloo and with --env). Kept small: the built-in "
                                  "demonstrations are 1/3 negative reviews, so a larger weight "
@@ -252,6 +247,14 @@ class Config:
                                    "batch from up to this many more rollout batches of new "
                                    "prompts; if still short, the update uses what it kept (0 = off)",
                                 group=REFINEMENTS)
+    learn_tokens: str = opt("all", "which response tokens learn (the others' advantages are 0): all "
+                                   "| top_entropy (only the --top_entropy_quantile of each "
+                                   "rollout's tokens with the highest entropy, Wang et al. 2025) "
+                                   "| any entry of losses.LEARN_TOKENS (docs/fork_it.md)",
+                            group=REFINEMENTS)
+    top_entropy_quantile: float = opt(0.2, "--learn_tokens top_entropy: the share of a rollout's "
+                                           "tokens that learn, those of highest entropy",
+                                      group=REFINEMENTS)
     sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
                               "updates ago, as an asynchronous trainer's sampler runs behind its "
                               "learner (it keeps this many copies of the trainable weights; with "
