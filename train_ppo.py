@@ -169,10 +169,11 @@ class Config:
                                  "demonstrations are 1/3 negative reviews, so a larger weight "
                                  "pulls the policy back to them")
     target_kl: float = opt(0.02, "stop an update at the first minibatch whose approx-KL to the "
-                                 "sampling policy passes this (0 = off); guards against the "
-                                 "sudden KL spikes in docs/results.md. Not --kl_target: this is "
-                                 "per token, between the policy that sampled and the one "
-                                 "learning (k3), not per response to the SFT policy")
+                                 "policy as the update started passes this (0 = off); guards "
+                                 "against the sudden KL spikes in docs/results.md. Not "
+                                 "--kl_target: this is per token, between the policy the update "
+                                 "started from and the one learning (k3), not per response to "
+                                 "the SFT policy; a lagging sampler's own gap does not count")
     reward_clip: float = opt(5.0, "clip the reward model's (normalised) scores to +-this (0 = "
                                   "off); rewards from code (--reward task or a function) are "
                                   "used as returned")
