@@ -1,25 +1,7 @@
 """Data: JSONL readers with validation, encoding with EOS, padding, and the SFT loss mask.
 
-File formats (one JSON object per line; blank lines are skipped):
-- SFT demonstrations (`train_sft.py --data`): {"prompt": ..., "response": ...}, or {"text": ...}
-  alone (then every token is trained on), or a whole episode with an environment,
-  {"turns": [{"role": "env", "text": ...}, {"role": "policy", "text": ...}, ...]}: the
-  environment's opening first, then turns in any order; the loss is on the policy's turns
-  only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its own,
-  as an episode holds it (`encode_transcript`).
-- Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
-  (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both hold
-  the whole dialogue).
-- Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
-A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
-
-Empty prompts: a policy samples its first response token from the prompt's last token, so a
-prompts file refuses a prompt that is empty or only whitespace (`file:line`). Demonstrations
-and pairs may have one ({"text"} lines have none by design): the first token of a sequence
-has no position before it, so it is never a target; SFT learns the response from its second
-token on, DPO sums log-probs from the second token on (both sides alike), and the reward
-model scores the whole text as usual. Sampling on such a pair's prompt (the RM's
-normalisation, DPO's eval) skips it.
+The JSONL files users give (demonstrations, preference pairs, prompts) are read by
+`read_jsonl` and the loaders below it; its docstring gives every format.
 
 Sequences are prompt tokens + response tokens + EOS. When that is longer than the block size
 we cut tokens from the *left of the prompt* (the end of the prompt, next to the response,
@@ -44,7 +26,28 @@ IGNORE = -100  # target value that cross_entropy skips
 
 def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[int, dict]]:
     """Rows of a JSONL file as (line number, object). Each object must have all the string
-    fields of at least one alternative in `required`, e.g. [["prompt", "response"], ["text"]]."""
+    fields of at least one alternative in `required`, e.g. [["prompt", "response"], ["text"]].
+
+    File formats (one JSON object per line; blank lines are skipped):
+    - SFT demonstrations (`train_sft.py --data`): {"prompt": ..., "response": ...}, or
+      {"text": ...} alone (then every token is trained on), or a whole episode with an environment,
+      {"turns": [{"role": "env", "text": ...}, {"role": "policy", "text": ...}, ...]}: the
+      environment's opening first, then turns in any order; the loss is on the policy's turns
+      only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its
+      own, as an episode holds it (`encode_transcript`).
+    - Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
+      (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both
+      hold the whole dialogue).
+    - Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
+    A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
+
+    Empty prompts: a policy samples its first response token from the prompt's last token, so a
+    prompts file refuses a prompt that is empty or only whitespace (`file:line`). Demonstrations
+    and pairs may have one ({"text"} lines have none by design): the first token of a sequence
+    has no position before it, so it is never a target; SFT learns the response from its second
+    token on, DPO sums log-probs from the second token on (both sides alike), and the reward
+    model scores the whole text as usual. Sampling on such a pair's prompt (the RM's
+    normalisation, DPO's eval) skips it."""
     if not os.path.isfile(path):
         raise UserError(f"{what} file {path} does not exist; check the path")
     rows = []

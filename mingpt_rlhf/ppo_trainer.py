@@ -1,9 +1,4 @@
-"""One PPO iteration for a language model: make experience, then learn from it. The same
-loop runs the critic-free methods (`cfg.algo` grpo / rloo, see critic_free.py): what changes is
-where the advantages come from (the group, not a critic and GAE), which KL estimator is used
-and where it goes (`kl_in`: the reward or the loss) and how token losses are summed
-(`reduce_tokens`). Each of these is an entry of a table of losses.py, reached through its two
-calls, `experience_advantages` and `actor_loss`, the same the gradient oracle checks.
+"""One PPO iteration for a language model: make experience, then learn from it.
 
     make_experience: prompts -> actor samples -> log-probs (actor, reference) -> values
                      -> reward-model scores -> KL-shaped rewards -> GAE -> Experience
@@ -12,34 +7,27 @@ calls, `experience_advantages` and `actor_loss`, the same the gradient oracle ch
                      -> early stop when a minibatch's approx-KL passes target_kl
 
 Four models (docs/methods.md): the actor (trained), the reference (frozen SFT), the reward
-function (frozen RM, given as `reward_fn`), and the critic. The critic is either `separate`
-(its own trunk, InstructGPT / DeepSpeed-Chat) or `shared` (a value head on the actor's trunk,
-lm-human-preferences / trl: one forward pass gives logits and values, and the loss is
-policy + vf_coef * value).
+function (frozen RM, given as `reward_fn`), and the critic: `separate` (its own trunk,
+InstructGPT / DeepSpeed-Chat) or `shared` (a value head on the actor's trunk, trl: one forward
+pass gives logits and values, and the loss is policy + vf_coef * value).
+
+The loss math is losses.py's, one call per role (`experience_advantages` when a rollout is
+scored, `actor_loss` for each minibatch: the calls the gradient oracle checks). The other
+methods (GRPO, RLOO, online DPO, a lagging sampler, episodes) are entries that `__init__`
+chooses once (docs/methods.md, "Where a variant plugs in"); the iteration never asks which.
 
 All models run with dropout off, so on the first minibatch of the first epoch the new
-log-probs equal the stored ones up to float rounding (the same weights, computed in another
-order: the sampler's cached steps or another batch's shapes): ratio 1 and approx-KL 0 to
-rounding, about 1e-7 in float32. That is PPO's first sanity check.
-The same `temperature` divides the logits when sampling and when computing log-probs, and
-PAD is excluded from both, or the stored log-probs would not be those of the policy that
-sampled ("negative KL").
+log-probs equal the stored ones up to float rounding: ratio 1 and approx-KL 0 to rounding,
+about 1e-7 in float32. That is PPO's first sanity check. The same `temperature` divides the
+logits when sampling and when computing log-probs, and PAD is excluded from both, or the
+stored log-probs would not be those of the policy that sampled ("negative KL"). In float32
+the sampler's own log-probs (and a shared critic's values) are kept as the old policy's, and
+no second pass of the actor computes them again; under autocast the two round apart, so a
+scoring pass computes them (docs/methods.md, "Why the ratio is still right").
 
-In float32 the sampler's own log-probs of the tokens it drew (and a shared critic's values) are
-kept as the old policy's: a second pass of the actor over the finished sequences would give the
-same numbers to rounding, so make_experience skips it (not with `sampler_lag`, whose sampler is
-an older copy of the actor: offpolicy.py). Under autocast the sampler's cached steps and a full pass round
-apart by low-precision noise, so there a scoring pass computes them, the same pass the
-reference takes (docs/methods.md, "Why the ratio is still right").
-
-With LoRA (`lora.py`) the reference is not a model of its own: it is the actor with its
-adapters switched off (`ref=None`). Log-probs come from `logprobs.py`, which applies the
-output layer to response positions only, in chunks, in float32.
-
-Two random generators, because they live on different devices: `sample_gen` draws the
-tokens (on the model's device: CUDA sampling needs a CUDA generator), `shuffle_gen` orders
-the minibatches and picks the ptx batches (on the CPU: `randperm` and `randint` build CPU
-tensors and refuse a CUDA generator).
+Two random generators, because they live on different devices: `sample_gen` draws the tokens
+(on the model's device), `shuffle_gen` orders the minibatches and picks the ptx batches (on
+the CPU: `randperm` and `randint` refuse a CUDA generator).
 """
 from __future__ import annotations
 

@@ -9,28 +9,10 @@ Every source is a callable `reward(sequences, attention_mask, action_mask, **fie
 float32` that PPOTrainer calls once per rollout batch, on the token ids (sequences and
 attention_mask (B, T + N), left-padded prompts then responses; action_mask (B, N), the
 response tokens up to and including EOS). `fields` are the extra columns of the prompts file,
-one value per row (below); the reward model ignores them.
+one value per row (TextReward); the reward model ignores them.
 
-A reward computed by code sees text, not ids: `TextReward` decodes each prompt and each
-response (up to and including its EOS, which the word tokenizer writes as "<eos>" and GPT-2's
-BPE as "<|endoftext|>") and calls
-
-    function(prompts: list[str], responses: list[str], **fields) -> list[float]  # one per response
-
-once per rollout batch. Every field of a `--prompts` JSONL row besides "prompt" (a reference
-answer, unit tests, ...) reaches the function as a keyword argument holding one value per
-response, in the order of `responses` (a GRPO group repeats its prompt's value); a function
-that does not name a field (and takes no **kwargs) is not given it.
-
-What the function returns is checked at once: any real numbers (Python, numpy, 0-d tensors),
-as a list or as an array or tensor of any shape holding exactly one number per response.
-A wrong count, a string, a bool, NaN or inf (also a finite number too large for float32)
-stop the run with one line naming the function and the batch (exit status 2), and so does an
-exception raised inside the function; the last checkpoint stays as it was. The function runs
-outside the policy's autocast: a torch scorer of yours computes in its own dtype (float32
-unless it says otherwise). A response that ends without EOS still gets --missing_eos_penalty
-instead of the function's opinion, as with the reward model (ppo_trainer.py), unless
---penalize_missing_eos false keeps it (a task whose responses have no EOS).
+A reward computed by code (`TextReward`) sees text, not ids: its class docstring gives the
+function's contract (what it is given, what it must return, how errors stop the run).
 
 Clipping (`--reward_clip`) is for the reward model's scores only: they are normalised to mean
 0 and std 1, so +-5 only cuts outliers. A function's scores are used as returned (their scale
@@ -78,7 +60,26 @@ class ModelReward:
 
 
 class TextReward:
-    """A reward computed from decoded text by `function(prompts, responses, **fields)`."""
+    """A reward computed by code from decoded text: each prompt and each response (up to and
+    including its EOS, which the word tokenizer writes as "<eos>" and GPT-2's BPE as
+    "<|endoftext|>") go, once per rollout batch, to
+
+        function(prompts: list[str], responses: list[str], **fields) -> list[float]
+
+    one number per response. Every field of a `--prompts` JSONL row besides "prompt" (a
+    reference answer, unit tests, ...) reaches the function as a keyword argument holding one
+    value per response, in the order of `responses` (a GRPO group repeats its prompt's value);
+    a function that does not name a field (and takes no **kwargs) is not given it.
+
+    What the function returns is checked at once: any real numbers (Python, numpy, 0-d
+    tensors), as a list or as an array or tensor of any shape holding exactly one number per
+    response. A wrong count, a string, a bool, NaN or inf (also a finite number too large for
+    float32) stop the run with one line naming the function and the batch (exit status 2), and
+    so does an exception raised inside the function; the last checkpoint stays as it was. The
+    function runs outside the policy's autocast: a torch scorer of yours computes in its own
+    dtype (float32 unless it says otherwise). A response that ends without EOS still gets
+    --missing_eos_penalty instead of the function's opinion, as with the reward model, unless
+    --penalize_missing_eos false keeps it (a task whose responses have no EOS)."""
     clipped = False  # --reward_clip is for the reward model's scores (module docstring)
 
     def __init__(self, function, name: str, tokenizer):

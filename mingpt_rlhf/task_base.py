@@ -74,7 +74,12 @@ class BuiltinTask:
     drawn once by the task's `_draw_data(kind, split, rng)` and cached. A string seed names
     one stream per (task, seed, kind, split): train and eval never share draws, and seed 1
     "train" is not seed 0 "eval" as it is with seed + offset. random.Random hashes a str seed
-    with sha512, so it is the same in every process."""
+    with sha512, so it is the same in every process.
+
+    Adding a task: subclass this class as tasks.ReviewsTask does (it gives the splits,
+    `check_vocabulary` and `extra_eval_figures`), write `tokenizer`, `_draw_data`,
+    `gold_reward` and `well_formed`, and add it to `tasks.TASKS`; the training scripts find it
+    by name."""
 
     name = ""
 

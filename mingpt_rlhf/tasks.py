@@ -31,10 +31,6 @@ Try it:  python -c "from mingpt_rlhf.tasks import get_task; t=get_task('reviews'
 The task "sort" (task_sort.py) has an answer a program checks, and a teacher that is wrong
 on 30 % of the problems: RL from the check itself (`train_ppo.py --reward task`) against
 imitation.
-
-Adding a task: subclass `task_base.BuiltinTask` as `ReviewsTask` does (it gives the splits,
-`check_vocabulary` and `extra_eval_figures`), write `tokenizer`, `_draw_data`, `gold_reward`
-and `well_formed`, and add it to `TASKS` below; the training scripts find it by name.
 """
 from __future__ import annotations
 
