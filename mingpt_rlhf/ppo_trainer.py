@@ -212,6 +212,8 @@ class PPOTrainer:
         self.collect = collect_informative if getattr(cfg, "dynamic_sampling", 0) else collect_all
         if episodes is not None:
             self.rollout = self.play_rollout
+        if cfg.generate_batch_size:  # the KV cache of fewer rows at a time
+            self.sample = self.sample_in_slices
         rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
         self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
         if self.reuse_sampler_logprobs or not self.sampler_scores:  # nothing to correct
@@ -291,21 +293,24 @@ class PPOTrainer:
 
     def sample(self, prompt_ids, prompt_mask, generator=None, score: bool = False) -> GenerationOutput:
         """Responses to a batch of prompts (sequences and masks (B, T + N); with `score`, the
-        sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`
-        set, `generate` runs on that many rows at a time (its KV cache is the largest tensor
-        of the rollout: layers x 2 x rows x length x width) and the slices are right-padded
-        to the longest response."""
+        sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`,
+        `__init__` puts `sample_in_slices` here."""
         cfg = self.cfg
-        step = cfg.generate_batch_size or len(prompt_ids)
-        outs = []
-        for i in range(0, len(prompt_ids), step):
-            with self.amp():
-                outs.append(generate(self.actor, prompt_ids[i:i + step], prompt_mask[i:i + step],
-                                     cfg.max_new_tokens, temperature=cfg.temperature,
-                                     top_k=cfg.top_k or None,
-                                     top_p=cfg.top_p if cfg.top_p < 1 else None,
-                                     eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                                     generator=generator, score=score))
+        with self.amp():
+            return generate(self.actor, prompt_ids, prompt_mask, cfg.max_new_tokens,
+                            temperature=cfg.temperature, top_k=cfg.top_k or None,
+                            top_p=cfg.top_p if cfg.top_p < 1 else None, eos_token_id=self.eos_id,
+                            pad_token_id=self.pad_id, generator=generator, score=score)
+
+    def sample_in_slices(self, prompt_ids, prompt_mask, generator=None,
+                         score: bool = False) -> GenerationOutput:
+        """`sample` on `cfg.generate_batch_size` rows at a time (its KV cache is the largest
+        tensor of the rollout: layers x 2 x rows x length x width), the slices right-padded to
+        the longest response."""
+        step = self.cfg.generate_batch_size
+        outs = [PPOTrainer.sample(self, prompt_ids[i:i + step], prompt_mask[i:i + step],
+                                  generator, score)
+                for i in range(0, len(prompt_ids), step)]
         if len(outs) == 1:
             return outs[0]
         new = max(o.sequences.size(1) for o in outs) - prompt_ids.size(1)
