@@ -389,7 +389,8 @@ def training_loop(main) -> tuple[int, int]:
 
 
 def eval_codes(module) -> list:
-    """The code objects of the functions of `module` named evaluate* (nested ones too)."""
+    """The code objects of the functions of `module` named evaluate* (its classes' methods and
+    nested functions too)."""
     found = []
 
     def walk(code):
@@ -398,11 +399,15 @@ def eval_codes(module) -> list:
                 if const.co_name.startswith("evaluate"):
                     found.append(const)
                 walk(const)
-    for value in vars(module).values():
-        if inspect.isfunction(value) and value.__module__ == module.__name__:
-            if value.__name__.startswith("evaluate"):
-                found.append(value.__code__)
-            walk(value.__code__)
+    functions = [v for v in vars(module).values()
+                 if inspect.isfunction(v) and v.__module__ == module.__name__]
+    for cls in vars(module).values():  # and the methods of its classes (Run.evaluate)
+        if inspect.isclass(cls) and cls.__module__ == module.__name__:
+            functions += [v for v in vars(cls).values() if inspect.isfunction(v)]
+    for value in functions:
+        if value.__name__.startswith("evaluate"):
+            found.append(value.__code__)
+        walk(value.__code__)
     return found
 
 
