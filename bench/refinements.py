@@ -121,6 +121,7 @@ def run(seed: int, root: str, task: str, name: str) -> dict:
                if k in final}
     figures["seconds"] = round(seconds, 1)
     figures["gen_tokens"] = sum(r.get("gen_tokens", 0) for r in train)
+    figures["kl_max"] = max(r["kl"] for r in train)  # the highest KL to the SFT policy on the way
     for k in ("zero_groups", "mismatch_kl", "tis_capped"):
         # (the share of capped weights is logged as is_cut since the table of corrections)
         v = [r[k] if k in r else r["is_cut"] for r in train if k in r or (k == "tis_capped" and "is_cut" in r)]
@@ -140,7 +141,7 @@ def summarise(result: dict) -> None:
     result["summary"] = {}
     for key, runs in by.items():
         s = {"seeds": len(runs)}
-        for k in ("gold", "kl", "seconds", "gen_tokens", "zero_groups", "mismatch_kl"):
+        for k in ("gold", "kl", "kl_max", "seconds", "gen_tokens", "zero_groups", "mismatch_kl"):
             v = [r[k] for r in runs if k in r]
             if v:
                 s[k] = {"mean": sum(v) / len(v), "min": min(v), "max": max(v)}
