@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mingpt_rlhf.checkpoint import load_policy, load_reward_model
-from mingpt_rlhf.cli import opt, require_positive, run
+from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+from mingpt_rlhf.machinery.cli import opt, require_positive, run
 from mingpt_rlhf.data import load_prompts_jsonl
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts
-from mingpt_rlhf.runtime import pick_device
+from mingpt_rlhf.machinery.runtime import pick_device
 from mingpt_rlhf.tasks import get_task, task_of_tokenizer
 from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
 
@@ -167,7 +167,7 @@ def person_as_environment(stdin, out):
 
 def play(cfg: Config, stdin, out) -> list[dict]:
     """--env / --play_env: play episodes with each policy and print their dialogues."""
-    from mingpt_rlhf.episodes import EpisodeSource, load_env, transcript_text
+    from mingpt_rlhf.methods.episodes import EpisodeSource, load_env, transcript_text
     device = pick_device(cfg.device)
     env_class, name = (person_as_environment(stdin, out), "you") if cfg.play_env else load_env(cfg.env)
     seeds = [0] if cfg.play_env else list(range(cfg.env_seed, cfg.env_seed + cfg.num_samples))

@@ -2,7 +2,7 @@
 
 From the SFT checkpoint, on the same preference pairs as train_rm.py (the built-in task's, or
 `--data` JSONL), minimise `-log sigmoid(beta * ((logp_c - ref_c) - (logp_r - ref_r)))` with
-log-probs summed over response tokens (mingpt_rlhf/dpo.py). The reference is the frozen SFT
+log-probs summed over response tokens (mingpt_rlhf/methods/dpo.py). The reference is the frozen SFT
 policy; with `--lora_rank` it is the policy with its adapters switched off (no second copy).
 
     python train_dpo.py                          # built-in task, from out/sft
@@ -24,23 +24,23 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
-                                    rank_rng_states, restore_rank_rng, resume_checkpoint,
-                                    resume_state, save_checkpoint, weights_for_later_stages)
-from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
-                             require_positive, run)
+from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, load_reward_model,
+                                              rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                              resume_state, save_checkpoint, weights_for_later_stages)
+from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
+                                       require_positive, run)
 from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl, micro_batches_of_step
-from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
-from mingpt_rlhf.dpo import dpo_loss, response_logprob_sums
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
+from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
-from mingpt_rlhf.lora import adapters_disabled, add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import adapters_disabled, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
-from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.metrics import MetricsLog
-from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                 seed_everything)
+from mingpt_rlhf.machinery.plot import picture_of_run
+from mingpt_rlhf.machinery.metrics import MetricsLog
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
+                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                           seed_everything)
 from mingpt_rlhf.tasks import get_task
 
 

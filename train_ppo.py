@@ -30,12 +30,12 @@ minibatch_steps, early_stop_kl, t_generate, t_score, t_learn; grpo / rloo: zero_
 --dynamic_sampling: dropped_groups, rollouts, kept_rows; with --sampler_lag or --offpolicy:
 mismatch_kl, mismatch_abs, is_cut; with an ensemble of reward models: ens_std; with
 --heldout_rm_dir: heldout_gap; the reward-hacking signals signal_* and hacking_warning
-(mingpt_rlhf/hacking.py); eval lines with gold,
+(mingpt_rlhf/lab/hacking.py); eval lines with gold,
 rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
 the environment's figures, eval lines reward, kl, turns, done_rate and its figures), and
 out_dir/rollouts.jsonl (--record_rollouts held-out responses at each eval, every token's
-log-probs, value, advantage, reward and entropy: mingpt_rlhf/rollouts.py) and report.html (the
-run's curves and those tokens in one page: python -m mingpt_rlhf.report).
+log-probs, value, advantage, reward and entropy: mingpt_rlhf/machinery/rollouts.py) and report.html (the
+run's curves and those tokens in one page: python -m mingpt_rlhf.machinery.report).
 """
 from __future__ import annotations
 
@@ -45,40 +45,40 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_policy, load_resume_state, load_reward_model,
-                                    load_state_dict_checked, rank_rng_states, restore_rank_rng,
-                                    resume_checkpoint, resume_state, save_checkpoint,
-                                    weights_for_later_stages)
-from mingpt_rlhf.cli import MACHINERY, opt, run
+from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, load_reward_model,
+                                              load_state_dict_checked, rank_rng_states, restore_rank_rng,
+                                              resume_checkpoint, resume_state, save_checkpoint,
+                                              weights_for_later_stages)
+from mingpt_rlhf.machinery.cli import MACHINERY, opt, run
 from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
                               load_prompt_rows, load_sft_jsonl)
-from mingpt_rlhf.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
-from mingpt_rlhf.distributed import rank as process_rank
-from mingpt_rlhf.episodes import EnvironmentReward, EpisodeSeeds, EpisodeSource, load_env
-from mingpt_rlhf.ensemble import EnsembleReward, RewardEnsemble, load_reward
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
+from mingpt_rlhf.machinery.distributed import rank as process_rank
+from mingpt_rlhf.methods.episodes import EnvironmentReward, EpisodeSeeds, EpisodeSource, load_env
+from mingpt_rlhf.lab.ensemble import EnsembleReward, RewardEnsemble, load_reward
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
-from mingpt_rlhf.hacking import HeldOutGap
+from mingpt_rlhf.lab.hacking import HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
-from mingpt_rlhf.lora import add_lora, has_lora, merged_state_dict, parse_targets
+from mingpt_rlhf.machinery.lora import add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPTConfig, build_empty
-from mingpt_rlhf.rl_options import check_config, check_online_dpo, reads  # noqa: F401 (tests call them here)
-from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.report import comparison_lines, report_of_run, update_counts, update_lines
-from mingpt_rlhf.rollouts import RolloutRecorder
+from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, reads  # noqa: F401 (tests call them here)
+from mingpt_rlhf.machinery.plot import picture_of_run
+from mingpt_rlhf.machinery.report import comparison_lines, report_of_run, update_counts, update_lines
+from mingpt_rlhf.machinery.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
-from mingpt_rlhf.metrics import MetricsLog, read_metrics
-from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                 seed_everything)
+from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
+                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                           seed_everything)
 from mingpt_rlhf.tasks import get_task
-from mingpt_rlhf.watch import RunWatch
+from mingpt_rlhf.machinery.watch import RunWatch
 
 # --help's groups: the recipe's options first (RECIPE: every option below without a group), then
-# each variant's options under its name (which runs read which: READ_ONLY_WITH, rl_options.py)
+# each variant's options under its name (which runs read which: READ_ONLY_WITH, machinery/rl_options.py)
 RECIPE = "PPO, the recipe: data, sizes, sampling, learning rates, KL, GAE, clip, critic, eval"
 CRITIC_FREE = "GRPO, RLOO and REINFORCE++: no critic (--algo grpo | rloo | reinforce++)"
 ONLINE_DPO = "online DPO (--algo online_dpo)"
@@ -115,8 +115,8 @@ class Config:
                            "rloo (leave-one-out baseline, no critic) | reinforce++ (PPO's "
                            "per-token KL rewards, no critic, returns normalised over the "
                            "whole batch) | online_dpo (DPO's loss on the best and worst of "
-                           "each group the policy samples, no critic; mingpt_rlhf/online_dpo.py); "
-                           "see docs/methods.md and mingpt_rlhf/refinements.py")
+                           "each group the policy samples, no critic; mingpt_rlhf/methods/online_dpo.py); "
+                           "see docs/methods.md and mingpt_rlhf/lab/refinements.py")
     critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
                               "without one) | shared (a value head on the actor, from zero) | "
                               "auto (separate with --reward rm; shared without an RM: a second "
@@ -192,7 +192,7 @@ class Config:
                                   "responses (grpo / rloo: a group each; --env: episodes) with "
                                   "every token's log-prob, reference log-prob, value, advantage, "
                                   "reward and entropy into rollouts.jsonl, which report.html shows "
-                                  "(0 = off; mingpt_rlhf/rollouts.py)")
+                                  "(0 = off; mingpt_rlhf/machinery/rollouts.py)")
     seed: int = opt(1337, "random seed")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
@@ -270,7 +270,7 @@ class Config:
                                  "(that weight capped at --tis_cap) | mask (tokens whose weight "
                                  "leaves [1/C, C] dropped) | gspo (GSPO's sequence ratio against "
                                  "the sampler; grpo and rloo); auto = tis with --tis_cap, else "
-                                 "none (mingpt_rlhf/offpolicy.py)", group=OFF_POLICY)
+                                 "none (mingpt_rlhf/lab/offpolicy.py)", group=OFF_POLICY)
     tis_cap: float = opt(0.0, "the cap C of the importance weight learner / sampler "
                               "probability of each token: tis weighs each token's loss by "
                               "min(weight, C), decoupled caps at C (0: no cap), mask keeps the "
@@ -302,7 +302,7 @@ class Config:
                                   "heldout_gap, a reward-hacking signal (one more RM forward "
                                   "pass per rollout)", group=HACKING)
     warning_window: int = opt(5, "iterations per window of the reward-hacking signals and "
-                                 "hacking_warning logged each iteration (mingpt_rlhf/hacking.py; "
+                                 "hacking_warning logged each iteration (mingpt_rlhf/lab/hacking.py; "
                                  "the first signals after 3 windows)", group=HACKING)
     device: str = opt("auto", "auto | cpu | cuda | mps", group=MACHINERY)
     dtype: str = opt("auto", "auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, else "
@@ -459,7 +459,7 @@ def reward_of(cfg: Config, rm, task, tokenizer, rows: int, device, dtype):
         return TextReward(*load_function(cfg.reward), tokenizer)
     # an ensemble's reward also keeps its members' disagreement (ens_std)
     reward_fn = (EnsembleReward if isinstance(rm, RewardEnsemble) else ModelReward)(rm, rows, amp)
-    if cfg.heldout_rm_dir:  # scores every rollout too, to log the gap (hacking.py)
+    if cfg.heldout_rm_dir:  # scores every rollout too, to log the gap (lab/hacking.py)
         heldout = load_reward_model(cfg.heldout_rm_dir, tokenizer, cfg.init_from or cfg.sft_dir)
         hold_frozen_in(heldout.to(device), dtype)
         reward_fn = HeldOutGap(reward_fn, heldout, rows, amp)
@@ -582,7 +582,7 @@ class Run:
     cfg: Config
     trainer: PPOTrainer
     source: object               # TrainingPrompts, or episodes.EpisodeSeeds with --env
-    reward_fn: object            # rewards.py (ModelReward, ...), ensemble.py, episodes.py
+    reward_fn: object            # rewards.py (ModelReward, ...), lab/ensemble.py, methods/episodes.py
     watch: RunWatch
     log: MetricsLog
     recorder: RolloutRecorder
@@ -686,7 +686,7 @@ def set_up(cfg: Config) -> Run:
     # Under torchrun each rank has its own streams (rank 0's are a single process's).
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + 1000 * rank)
     shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2 + 1000 * rank)
-    watch = RunWatch(cfg)  # the run's warnings and reward-hacking signals (watch.py)
+    watch = RunWatch(cfg)  # the run's warnings and reward-hacking signals (machinery/watch.py)
     step = 0
     if resumed:
         restore(resumed, ckpt_path, trainer, critic, value_head, watch, prompt_gen,
@@ -697,7 +697,7 @@ def set_up(cfg: Config) -> Run:
                      time_offset=resumed["time"] if resumed else 0.0)
     watch.resume([r for r in read_metrics(log.path) if "split" not in r and not r.get("final")]
                  if resumed and is_main() else [])
-    # the same held-out prompts at every eval, token by token, for report.html (rollouts.py)
+    # the same held-out prompts at every eval, token by token, for report.html (machinery/rollouts.py)
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
     print(run_line(cfg, actor, source, device, dtype))

@@ -22,7 +22,7 @@ Writes out_dir/ckpt.pt (reward model, normalisation, tokenizer, optimizer, step,
 SFT checkpoint it came from) and out_dir/metrics.jsonl with loss, acc, eval_acc, and on the
 built-in task eval_gold_acc and eval_gold_corr. With --ensemble K, each member writes those in
 out_dir/member{i}, WARM in out_dir/warm, and out_dir/ensemble.json lists them
-(mingpt_rlhf/ensemble.py).
+(mingpt_rlhf/lab/ensemble.py).
 """
 from __future__ import annotations
 
@@ -32,26 +32,26 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_checkpoint, load_policy, load_resume_state,
-                                    rank_rng_states, restore_rank_rng, resume_checkpoint,
-                                    resume_state, reward_model_from, save_checkpoint,
-                                    weights_for_later_stages)
-from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
-                             require_positive, run)
+from mingpt_rlhf.machinery.checkpoint import (load_checkpoint, load_policy, load_resume_state,
+                                              rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                              resume_state, reward_model_from, save_checkpoint,
+                                              weights_for_later_stages)
+from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
+                                       require_positive, run)
 from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
                               micro_batches_of_step, right_pad)
-from mingpt_rlhf.distributed import all_sum, is_main, setup, shutdown, world_size
-from mingpt_rlhf.errors import UserError
-from mingpt_rlhf.ensemble import warm_average, write_manifest
+from mingpt_rlhf.machinery.distributed import all_sum, is_main, setup, shutdown, world_size
+from mingpt_rlhf.machinery.errors import UserError
+from mingpt_rlhf.lab.ensemble import warm_average, write_manifest
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
-from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
-from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.metrics import MetricsLog, read_metrics
-from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                 seed_everything)
+from mingpt_rlhf.machinery.plot import picture_of_run
+from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
+                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                           seed_everything)
 from mingpt_rlhf.task_base import check_labeller_faults
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS, same_tokenizer

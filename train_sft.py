@@ -15,7 +15,7 @@ that the reward model starts from and that PPO fine-tunes, and the frozen refere
 At a 50k vocabulary the loss applies the output layer to the target positions only, in
 float32 chunks (mingpt_rlhf/logprobs.py). `--grad_accum` adds up the gradients of several
 micro-batches per optimizer step, `--grad_checkpoint` recomputes activations in backward, and
-`--lora_rank` trains low-rank adapters instead of every weight (mingpt_rlhf/lora.py).
+`--lora_rank` trains low-rank adapters instead of every weight (mingpt_rlhf/machinery/lora.py).
 
 Writes out_dir/ckpt.pt (model, tokenizer, optimizer, step, RNG) and out_dir/metrics.jsonl.
 """
@@ -26,26 +26,26 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.checkpoint import (load_resume_state, rank_rng_states, restore_rank_rng,
-                                    resume_checkpoint, resume_state, save_checkpoint,
-                                    weights_for_later_stages)
-from mingpt_rlhf.distributed import (all_sum, is_main, setup, shard, shutdown, token_share,
-                                     world_size)
-from mingpt_rlhf.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
-                             require_positive, run)
+from mingpt_rlhf.machinery.checkpoint import (load_resume_state, rank_rng_states, restore_rank_rng,
+                                              resume_checkpoint, resume_state, save_checkpoint,
+                                              weights_for_later_stages)
+from mingpt_rlhf.machinery.distributed import (all_sum, is_main, setup, shard, shutdown, token_share,
+                                               world_size)
+from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
+                                       require_positive, run)
 from mingpt_rlhf.data import IGNORE, SFTData, Transcript, holdout_split, load_sft_jsonl
-from mingpt_rlhf.episodes import EpisodeSource, load_env, play_and_measure
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.methods.episodes import EpisodeSource, load_env, play_and_measure
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
 from mingpt_rlhf.logprobs import lm_loss
-from mingpt_rlhf.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
-from mingpt_rlhf.plot import picture_of_run
-from mingpt_rlhf.metrics import MetricsLog
-from mingpt_rlhf.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                 prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                 seed_everything)
+from mingpt_rlhf.machinery.plot import picture_of_run
+from mingpt_rlhf.machinery.metrics import MetricsLog
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
+                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
+                                           seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 
@@ -132,7 +132,7 @@ def load_demonstrations(cfg: Config, task, env_class=None):
 
 def make_tokenizer(cfg: Config, task, train_pairs, env_class=None):
     if cfg.init_from:
-        from mingpt_rlhf.bpe import BPETokenizer
+        from mingpt_rlhf.machinery.bpe import BPETokenizer
         return BPETokenizer.from_pretrained(cfg.init_from)
     if task is not None:
         return task.tokenizer()

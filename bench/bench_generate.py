@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mingpt_rlhf.cli import opt, run  # noqa: E402
-from mingpt_rlhf.errors import UserError  # noqa: E402
+from mingpt_rlhf.machinery.cli import opt, run  # noqa: E402
+from mingpt_rlhf.machinery.errors import UserError  # noqa: E402
 from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
 from mingpt_rlhf.sampling import check_sampling_options, generate, sample_next  # noqa: E402
 

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mingpt_rlhf.bpe import EOT, BPETokenizer, byte_to_unicode, fuse_pair, gpt2_pattern  # noqa: E402
-from mingpt_rlhf.cli import opt, run  # noqa: E402
-from mingpt_rlhf.errors import UserError  # noqa: E402
+from mingpt_rlhf.machinery.bpe import EOT, BPETokenizer, byte_to_unicode, fuse_pair, gpt2_pattern  # noqa: E402
+from mingpt_rlhf.machinery.cli import opt, run  # noqa: E402
+from mingpt_rlhf.machinery.errors import UserError  # noqa: E402
 from mingpt_rlhf.model import GPT  # noqa: E402
-from mingpt_rlhf.pretrained import read_safetensors  # noqa: E402
+from mingpt_rlhf.machinery.pretrained import read_safetensors  # noqa: E402
 
 
 @dataclass

@@ -55,7 +55,7 @@ def write_bpe_files(folder: str, n_merges: int = 50000) -> None:
     """A GPT-2-sized byte-level BPE: 256 byte symbols, `n_merges` merges of two byte symbols
     each, then <|endoftext|>: 50,257 ids, like GPT-2's."""
     sys.path.insert(0, ROOT)
-    from mingpt_rlhf.bpe import EOT, byte_to_unicode
+    from mingpt_rlhf.machinery.bpe import EOT, byte_to_unicode
     base = list(byte_to_unicode().values())
     merges = [(base[i % 256], base[i // 256]) for i in range(n_merges)]
     tokens = base + [a + b for a, b in merges]
@@ -83,7 +83,7 @@ def prepare(folder: str, shape: str, batch: str) -> None:
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from bench_pretrained import write_gpt2_checkpoint
-    from mingpt_rlhf.bpe import BPETokenizer
+    from mingpt_rlhf.machinery.bpe import BPETokenizer
     if not os.path.exists(os.path.join(folder, "model.safetensors")):
         os.makedirs(folder, exist_ok=True)
         s = SHAPES[shape]
@@ -146,7 +146,7 @@ def write_rm_checkpoint(folder: str, rm_dir: str) -> None:
     """A reward model for PPO: the GPT-2 trunk + a random head, marked normalised, written by
     the code under test (so its tensor layout is that code's)."""
     import torch
-    from mingpt_rlhf.checkpoint import load_policy, save_checkpoint
+    from mingpt_rlhf.machinery.checkpoint import load_policy, save_checkpoint
     from mingpt_rlhf.heads import RewardModel
     from dataclasses import asdict
     policy, tokenizer, _ = load_policy("", folder)

@@ -33,7 +33,7 @@ For each seed, in --work/seed{seed} (the SFT policy is the one bench/details.py 
 - slow: PPO against proxy m at KL coefficient 0 and 0.1 with both learning rates divided by 4,
   to see whether the penalty's gold at equal KL comes from the time a run spends there;
 - the gold is counted from the SFT policy's (gold(0) = 0), and the two forms are fitted to
-  each curve by mingpt_rlhf/overoptimization.py;
+  each curve by mingpt_rlhf/lab/overoptimization.py;
 - --table prints the fits, RL at every iteration, gold and proxy at equal d by KL coefficient
   (binned), and the default PPO run's KL against best-of-n's for the same gold.
 
@@ -59,11 +59,11 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights  # noqa: E402
-from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
+from mingpt_rlhf.methods.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights  # noqa: E402
+from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
-from mingpt_rlhf.metrics import read_metrics  # noqa: E402
-from mingpt_rlhf.overoptimization import fit  # noqa: E402
+from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.lab.overoptimization import fit  # noqa: E402
 from mingpt_rlhf.ppo_trainer import resolve_auto_options  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
@@ -175,7 +175,7 @@ def best_of_n(seed: int, root: str, result: dict) -> None:
     start = time.time()
     texts, seqs, gold = sample_n(policy, tokenizer, task, prompts, seed)
     # a small vocabulary repeats responses: identical ones tie on every proxy, and with ties
-    # log n - (n - 1)/n overstates best-of-n's KL (bestofn.py), so the exact KL of best-of-n
+    # log n - (n - 1)/n overstates best-of-n's KL (methods/bestofn.py), so the exact KL of best-of-n
     # on each prompt's 256 samples (as a distribution: each distinct response at its share)
     # is measured beside it
     distinct = [len(set(rs)) / N_MAX for rs in texts]

@@ -35,7 +35,7 @@ from mingpt_rlhf.heads import Critic, ScalarHead  # noqa: E402
 from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
 from mingpt_rlhf.ppo import FixedKLController  # noqa: E402
 from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
-from mingpt_rlhf.runtime import DTYPES, autocast  # noqa: E402
+from mingpt_rlhf.machinery.runtime import DTYPES, autocast  # noqa: E402
 from train_ppo import Config  # noqa: E402
 
 

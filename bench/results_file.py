@@ -55,8 +55,8 @@ def train_stage(main, config_class, out_dir: str, **options) -> None:
     metrics.jsonl ends with the final summary; an ensemble of reward models, its
     ensemble.json); a run that was killed part-way (a checkpoint, no summary; an ensemble's
     first member) is resumed, never taken for a finished one."""
-    from mingpt_rlhf.ensemble import is_ensemble
-    from mingpt_rlhf.metrics import read_metrics
+    from mingpt_rlhf.lab.ensemble import is_ensemble
+    from mingpt_rlhf.machinery.metrics import read_metrics
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if os.path.exists(metrics) and any(r.get("final") for r in read_metrics(metrics)[-1:]):
         return

@@ -25,7 +25,7 @@ The grid, per seed (the SFT policy and its prompts are bench/details.py's, in --
 - PPO ("ppo"): against each reward in RULES at each fixed KL coefficient in KL_COEFS (a value
   head on the actor, as bench/overoptimization.py), logging gold and proxy against d = sqrt(KL)
   at every eval and every iteration, and the reward-hacking signals and warning
-  (mingpt_rlhf/hacking.py; the held-out reward model above);
+  (mingpt_rlhf/lab/hacking.py; the held-out reward model above);
 - length ("length"): PPO against the length-biased reward model at each KL coefficient: its
   gold gain, its length gain, the reward gain within length buckets (Singhal et al.'s test:
   how much of the gain remains between responses of one length), and PPO on a reward that
@@ -61,11 +61,11 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.checkpoint import load_policy, load_reward_model  # noqa: E402
-from mingpt_rlhf.ensemble import COMBINE, UWO_LAMBDA, load_reward  # noqa: E402
-from mingpt_rlhf.hacking import ALARM_KL  # noqa: E402
+from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model  # noqa: E402
+from mingpt_rlhf.lab.ensemble import COMBINE, UWO_LAMBDA, load_reward  # noqa: E402
+from mingpt_rlhf.lab.hacking import ALARM_KL  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
-from mingpt_rlhf.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "reward_hacking.json")
@@ -404,7 +404,7 @@ def main(argv=None):
             "fit_seeds": seeds[:-1], "test_seeds": seeds[-1:],
             "signals": calibrate(result, set(seeds[:-1]), {seeds[-1]}),
             "alarms": calibrate(result, set(seeds[:-1]), {seeds[-1]}, goal="caught"),
-            # the library's rule (hacking.py: the KL's level past ALARM_KL) on each side
+            # the library's rule (lab/hacking.py: the KL's level past ALARM_KL) on each side
             "rule": {side: rule_figures(result, {"kl_level": ALARM_KL}, 1, set(group))
                      for side, group in (("fit", seeds[:-1]), ("test", seeds[-1:]))}}
     results_file.save(path, result)

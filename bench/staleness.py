@@ -6,7 +6,7 @@ on the sort task (the task's check), 3 seeds.
     python bench/staleness.py --seeds 0 --tasks sort --algos grpo --lags 0 4 --threads 1
     python bench/staleness.py --table                           # the table, from the JSON
 
-Every run is train_ppo.py with its defaults and `--sampler_lag N --offpolicy C` (offpolicy.py
+Every run is train_ppo.py with its defaults and `--sampler_lag N --offpolicy C` (lab/offpolicy.py
 explains each correction). Lag 0 is run once per algorithm (in float32 the sampler is the
 learner and every correction is the same); online DPO's loss takes no ratio, so it has one
 row per lag ("none"); GSPO's sequence ratio is for GRPO only. The caps are the defaults:
@@ -50,8 +50,8 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.metrics import read_metrics  # noqa: E402
-from mingpt_rlhf.offpolicy import OFFPOLICY  # noqa: E402
+from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.lab.offpolicy import OFFPOLICY  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "staleness.json")
 LAGS = (0, 1, 2, 4, 8)

@@ -219,7 +219,7 @@ def write_grpo_fixture(folder: str, n_layer: int, n_head: int, n_embd: int,
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from bench_pretrained import write_gpt2_checkpoint
     from gpt2_scale import texts_of_length, write_bpe_files
-    from mingpt_rlhf.bpe import BPETokenizer
+    from mingpt_rlhf.machinery.bpe import BPETokenizer
     prompts_file = os.path.join(folder, "prompts.jsonl")
     if os.path.exists(prompts_file):  # written last: its presence means the rest is there
         return folder
@@ -278,7 +278,7 @@ def ours_grpo(threads: int, shape: str, mode: str, warmup: int = 1, iters: int =
     os.environ["MINGPT_RLHF_PLOT"] = "0"
     sys.path.insert(0, ROOT)
     import train_ppo
-    from mingpt_rlhf.cli import parse_config
+    from mingpt_rlhf.machinery.cli import parse_config
     fixture = fixture or grpo_fixture(shape)
     with tempfile.TemporaryDirectory(prefix="vs_peers_") as out_dir:  # its checkpoint
         argv = grpo_argv(fixture, mode, warmup + iters, out_dir)

@@ -1,5 +1,5 @@
 """The reward-hacking warning scored against the gold: bench/reward_hacking.py's PPO runs keep,
-for every iteration, the gold and the raw figures the signals of mingpt_rlhf/hacking.py read
+for every iteration, the gold and the raw figures the signals of mingpt_rlhf/lab/hacking.py read
 (kl, resp_len, entropy, ens_std, heldout_gap), so any rule can be scored again without a rerun.
 
 - A run's gold peak is the highest point of the gold's trailing moving mean (SMOOTH iterations);
@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mingpt_rlhf import hacking  # noqa: E402
+from mingpt_rlhf.lab import hacking  # noqa: E402
 
 SMOOTH, DROP = 5, 0.1  # the gold's moving mean; an overoptimizing drop
 WINDOW = 5             # train_ppo.py's --warning_window in the study's runs
@@ -80,7 +80,7 @@ def warning_summary(result: dict) -> dict:
 
 
 def series(run: dict, window: int = WINDOW) -> dict:
-    """Each signal of mingpt_rlhf/hacking.py recomputed at every iteration of a stored run, one
+    """Each signal of mingpt_rlhf/lab/hacking.py recomputed at every iteration of a stored run, one
     more candidate, kl_jump (the last window's mean KL over the window before it, minus 1), and
     "rule", whether the library's rule is on."""
     it = run["iterations"]

@@ -18,8 +18,8 @@ import os
 
 import torch
 
-from .distributed import shard, world_size
-from .errors import UserError
+from .machinery.distributed import shard, world_size
+from .machinery.errors import UserError
 
 IGNORE = -100  # target value that cross_entropy skips
 
@@ -204,7 +204,7 @@ def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
 
     A prompt must have a token: the first response token is sampled from the logits at the
     prompt's last one. A row with none would be sampled from a padding position, and the
-    packed scoring pass (packing.py) has no position before it at all, so its stored and
+    packed scoring pass (machinery/packing.py) has no position before it at all, so its stored and
     learn-time log-probs would differ."""
     assert max_len > 0, f"no room for a prompt (max_len {max_len})"
     ids = tokenizer.encode(prompt)

@@ -2,7 +2,7 @@
 
 Used by every stage on held-out prompts: SFT and PPO report `well_formed` and `gold` (when the
 task has a gold reward), PPO also `distinct2` (a collapse into repetition shows up here) and
-the response length, and best-of-n (`bestofn.py`) re-uses the sampler.
+the response length, and best-of-n (`methods/bestofn.py`) re-uses the sampler.
 
 A response is decoded up to and including its EOS, so the text says whether it ended (the
 built-in task's tokenizer writes EOS as "<eos>").

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import UserError
+from .machinery.errors import UserError
 from .model import GPT, GPTConfig, load_state_dict_checked
 
 

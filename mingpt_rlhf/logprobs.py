@@ -104,7 +104,7 @@ def sequence_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tens
 
 def input_mask(targets: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: the real inputs of a right-padded LM batch, each row up to its last target
-    (what comes after is padding; the trunk skips it, packing.py)."""
+    (what comes after is padding; the trunk skips it, machinery/packing.py)."""
     T = targets.size(1)
     positions = torch.arange(T, device=targets.device)
     last = ((targets >= 0).long() * positions).argmax(-1, keepdim=True)  # (B, 1)

@@ -10,7 +10,7 @@ few choices, each one a role with a table of interchangeable entries of one sign
                 on the last action and, with the KL in the reward, the KL penalty on each.
 - POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included),
                 sequence (GSPO's one ratio per response) or dpo (online DPO's loss on pairs,
-                online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
+                methods/online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
                 action_mask, spec, budget, tokens) -> (loss, clipfrac).
 - REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
 - LEARN_TOKENS  which tokens learn: all, or top_entropy (the batch's highest-entropy share):
@@ -25,7 +25,7 @@ few choices, each one a role with a table of interchangeable entries of one sign
 
 What each combination's gradient follows in expectation is not always what its name says
 (k1 in the loss has no KL gradient at all, k3 in the loss follows another divergence): the
-gradient oracle (gradients.py) computes it exactly for a row of every entry. The trainer
+gradient oracle (lab/gradients.py) computes it exactly for a row of every entry. The trainer
 makes one call per role through the two functions below, which the oracle calls too:
 `experience_advantages` when a rollout is scored, `actor_loss` for each minibatch. A new
 entry in a table needs a row in the oracle (tests/test_gradients.py checks).
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
-from .distributed import gather, is_distributed, tokens_per_rank
-from .online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
+from .methods.critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
+from .machinery.distributed import gather, is_distributed, tokens_per_rank
+from .methods.online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, explained_variance, gae, kl_shaped_rewards, masked_mean,
                   masked_whiten, penalize_missing_eos, policy_loss, reduce_tokens)
-from .refinements import overlong_shaped, reinforce_pp_advantages, sequence_policy_loss
+from .lab.refinements import overlong_shaped, reinforce_pp_advantages, sequence_policy_loss
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 GPT-2 (Radford et al. 2019) is a stack of pre-LayerNorm transformer blocks over learned token
 and position embeddings, with the output layer tied to the token embedding. We keep GPT-2's
 parameter names (`transformer.wte`, `transformer.h.0.attn.c_attn`, ... `lm_head`) so that
-loading the published weights is a renaming plus four transposes (see `pretrained.py`).
+loading the published weights is a renaming plus four transposes (see `machinery/pretrained.py`).
 
 Two things an RLHF model needs beyond nanoGPT:
 - **Left padding.** Prompts of different lengths are batched by padding on the left, so all
@@ -41,8 +41,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .errors import UserError
-from .packing import Packing
+from .machinery.errors import UserError
+from .machinery.packing import Packing
 
 
 @dataclass
@@ -199,8 +199,8 @@ class GPT(nn.Module):
         """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...),
         in eval mode. `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's
         PAD), initialised to the mean embedding. Reading, renaming and downloading are
-        pretrained.py's; it knows nothing of this class."""
-        from .pretrained import copy_weights, gpt2_weights
+        machinery/pretrained.py's; it knows nothing of this class."""
+        from .machinery.pretrained import copy_weights, gpt2_weights
         config, tensors, source, path = gpt2_weights(name_or_path, vocab_size)
         # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
         # every parameter is overwritten
@@ -253,7 +253,7 @@ class GPT(nn.Module):
             attn_mask = None if past == 0 or T == 1 else build_attn_mask(
                 torch.ones(B, past + T, dtype=torch.bool, device=idx.device), T)
         elif kv_cache is None and (packing := Packing.of(attention_mask)) is not None:
-            # mostly padding: run the blocks on the real tokens only (packing.py)
+            # mostly padding: run the blocks on the real tokens only (machinery/packing.py)
             hidden = (self.compiled_blocks or self.blocks)(
                 packing.pack(idx), packing.pack(position_ids), packing.attn_mask)
             return packing.unpack(hidden)                             # (B, T, C), 0 at pads

@@ -16,14 +16,14 @@ gradient accumulation, clipping, and loss scaling for float16.
   counts those steps. The first few, at the initial factor of 65536, are expected. bf16 has
   float32's exponent range and needs none of this; neither does float32.
 - **Several processes** (torchrun): the gradients are averaged over them before clipping,
-  so every copy of the model takes the same step (distributed.py).
+  so every copy of the model takes the same step (machinery/distributed.py).
 - **fused AdamW** on CPU and CUDA: one kernel for all parameters instead of ~10 small ops each.
 """
 from __future__ import annotations
 
 import torch
 
-from .distributed import average_gradients
+from .machinery.distributed import average_gradients
 
 
 class Optimizer:
@@ -53,7 +53,7 @@ class Optimizer:
     def step(self) -> bool:
         """Average the gradients over the ranks (under torchrun), unscale (float16), clip,
         step, and zero the gradients. False when float16's overflow check skipped the step."""
-        average_gradients(self.params)  # every rank takes the same step (distributed.py)
+        average_gradients(self.params)  # every rank takes the same step (machinery/distributed.py)
         if self.scaler is not None:
             self.scaler.unscale_(self.adamw)  # clip the true gradients, not the scaled ones
         if self.grad_clip > 0:

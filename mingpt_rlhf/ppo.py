@@ -14,7 +14,7 @@ generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 af
 3. `gae`: generalised advantage estimation (Schulman et al. 2016), a reversed loop:
    delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1},
    with V and A equal to 0 past the last real token; returns = A + V. In a multi-turn
-   episode (episodes.py) t + 1 is the next *action*: the environment's tokens are skipped.
+   episode (methods/episodes.py) t + 1 is the next *action*: the environment's tokens are skipped.
 4. `ReplayBuffer`: the experiences of one or more rollout batches, reshuffled into
    minibatches every epoch and cleared after the update (PPO is on-policy).
 5. `policy_loss`: max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), masked mean.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .distributed import all_sum
+from .machinery.distributed import all_sum
 from .logprobs import token_logprobs  # noqa: F401  (part of the PPO math; tests import it here)
 
 
@@ -81,7 +81,7 @@ class Experience:
     scores: torch.Tensor          # (B,) reward-model score used (clipped; penalty if no EOS)
     # (B, N) the learner's own log-probs as the update starts: approx-KL (the early stop)
     # measures the update's move from them. They are `logprobs` itself unless an off-policy
-    # correction takes the ratio against a lagging sampler (offpolicy.py: clip, gspo)
+    # correction takes the ratio against a lagging sampler (lab/offpolicy.py: clip, gspo)
     start_logprobs: torch.Tensor | None = None
 
     def __post_init__(self):
@@ -160,7 +160,7 @@ def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
 
     Positions where the mask is 0 are not steps of the episode: padding after the last
     action, and in a multi-turn episode the environment's tokens between two turns (the holes
-    of episodes.py). The loop steps over them: the value and advantage carried back from the
+    of methods/episodes.py). The loop steps over them: the value and advantage carried back from the
     next action pass through unchanged, so a turn's last action bootstraps from the next
     turn's first action, and the last action of all bootstraps from V = 0 (the episode ends
     there). GAE over a sequence with holes equals GAE over the same sequence with the holes
@@ -262,7 +262,7 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
     """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and clipfrac, the
     share of tokens whose clipped branch was taken (a masked mean). `tokens`: see
     `distributed.tokens_per_rank`. `clip_high`: the upper clip 1 + clip_high instead of
-    1 + clip_range (DAPO's clip-higher, refinements.py)."""
+    1 + clip_range (DAPO's clip-higher, lab/refinements.py)."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     high = clip_range if clip_high is None else clip_high

@@ -39,17 +39,17 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
+from .machinery.distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
-from .lora import adapters_disabled, has_lora
+from .machinery.lora import adapters_disabled, has_lora
 from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
                      check_groups, default_kl_estimator, every_row, experience_advantages,
                      score_shaping_of, spec_of)
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, last_action_index, masked_mean,
                   rollout_figures, value_loss)
-from .offpolicy import READS_CAP, Correction, SamplerQueue, cap_of, correct, resolved_offpolicy
-from .refinements import collect_informative
+from .lab.offpolicy import READS_CAP, Correction, SamplerQueue, cap_of, correct, resolved_offpolicy
+from .lab.refinements import collect_informative
 from .sampling import GenerationOutput, generate
 
 
@@ -206,8 +206,8 @@ class PPOTrainer:
         self.is_cap = cap_of(cfg)
         self.episodes = episodes
         # what a variant changes in the iteration, chosen here once (PPO's own by default):
-        # how rollouts are collected (dynamic sampling: refinements.py), where one comes from
-        # (an environment: episodes.py), which of its rows learn and in what units (online
+        # how rollouts are collected (dynamic sampling: lab/refinements.py), where one comes from
+        # (an environment: methods/episodes.py), which of its rows learn and in what units (online
         # DPO's pairs: losses.ROWS_TO_LEARN)
         self.collect = collect_informative if getattr(cfg, "dynamic_sampling", 0) else collect_all
         if episodes is not None:
@@ -369,7 +369,7 @@ class PPOTrainer:
 
     @torch.no_grad()
     def play(self, seeds: list[int], generator=None, for_update: bool = True):
-        """One rollout batch of episodes with the environment, one per seed (episodes.py),
+        """One rollout batch of episodes with the environment, one per seed (methods/episodes.py),
         then `experience_from`: (Experience, stats, Episodes). GRPO / RLOO batches hold groups
         of `group_size` episodes with the same seed. The environment's tokens are masked out of
         every loss (unless `episodes.mask_env` is False, which exists to show what the mask is

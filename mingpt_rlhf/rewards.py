@@ -32,7 +32,7 @@ import sys
 
 import torch
 
-from .errors import UserError
+from .machinery.errors import UserError
 from .evaluate import decode_rows
 
 
@@ -138,7 +138,7 @@ def check_scores(scores, n: int, where: str) -> list[float]:
 def real_number(value, what: str) -> float:
     """`value` as a float (rounded to float32), or a UserError naming `what`, the value and its
     type. Taken: any real number, Python's, numpy's or a 0-d tensor, finite in float32. Used
-    for a function's scores and an environment's rewards (episodes.py)."""
+    for a function's scores and an environment's rewards (methods/episodes.py)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()  # a 0-d tensor
     # bools are refused: numpy's bool_ is no numbers.Real, Python's bool is an int

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .errors import UserError
+from .machinery.errors import UserError
 
 
 @dataclass

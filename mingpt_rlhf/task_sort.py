@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 
-from .errors import UserError
+from .machinery.errors import UserError
 from .task_base import BuiltinTask, PreferencePair
 from .tokenizer import EOS, WordTokenizer
 

@@ -38,7 +38,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from .errors import UserError
+from .machinery.errors import UserError
 from .task_base import BuiltinTask, PreferencePair  # noqa: F401 (PreferencePair: part of this module's API)
 from .tokenizer import EOS, WordTokenizer
 

@@ -12,13 +12,13 @@ stop.
   20-121 characters (62), so every stage trains and samples several times faster, and the
   model cannot spell a word that does not exist, which is what makes `well_formed` >= 0.95
   easy to reach after a short SFT run.
-- `BPETokenizer`: GPT-2's byte-level BPE (see `bpe.py`), for real models.
+- `BPETokenizer`: GPT-2's byte-level BPE (see `machinery/bpe.py`), for real models.
 
 Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
 """
 from __future__ import annotations
 
-from .errors import UserError
+from .machinery.errors import UserError
 
 PAD = "<pad>"
 EOS = "<eos>"
@@ -60,7 +60,7 @@ class WordTokenizer:
         return {"type": "word", "words": self.itos[3:]}
 
 
-from .bpe import BPETokenizer  # noqa: E402  (GPT-2's tokenizer, same interface)
+from .machinery.bpe import BPETokenizer  # noqa: E402  (GPT-2's tokenizer, same interface)
 
 
 def tokenizer_from_state(state: dict):

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from mingpt_rlhf import cli
+from mingpt_rlhf.machinery import cli
 from mingpt_rlhf.model import GPT, GPTConfig
 
 # the training scripts draw their curves at the end when matplotlib is installed; the tests run

@@ -44,7 +44,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from mingpt_rlhf import cli, distributed, losses, ppo_trainer  # noqa: E402
+from mingpt_rlhf import losses, ppo_trainer  # noqa: E402
+from mingpt_rlhf.machinery import cli, distributed  # noqa: E402
 
 
 class Killed(Exception):

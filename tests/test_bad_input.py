@@ -16,7 +16,7 @@ import torch
 
 import train_sft
 from conftest import exits_2
-from mingpt_rlhf import checkpoint, cli, runtime
+from mingpt_rlhf.machinery import checkpoint, cli, runtime
 from test_scripts import sft_cfg
 
 # options that keep a run tiny, so a case that wrongly passes validation still ends quickly
@@ -250,7 +250,7 @@ def test_a_full_disk_while_saving_keeps_the_last_checkpoint(world, tmp_path, cap
 
 
 def test_save_checkpoint_turns_a_full_disk_into_a_user_error(tmp_path, monkeypatch):
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     monkeypatch.setattr(torch, "save", failing(errno.ENOSPC))
     with pytest.raises(UserError, match="No space left"):
         checkpoint.save_checkpoint(str(tmp_path / "ckpt.pt"), {"x": 1})
@@ -258,8 +258,8 @@ def test_save_checkpoint_turns_a_full_disk_into_a_user_error(tmp_path, monkeypat
 
 
 def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
-    from mingpt_rlhf.errors import UserError
-    from mingpt_rlhf import metrics
+    from mingpt_rlhf.machinery.errors import UserError
+    from mingpt_rlhf.machinery import metrics
     log = metrics.MetricsLog(str(tmp_path))
     monkeypatch.setattr(metrics, "open", failing(errno.ENOSPC), raising=False)
     with pytest.raises(UserError, match="metrics.jsonl"):
@@ -274,7 +274,7 @@ def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch)
 ])
 def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
     pytest.importorskip("matplotlib")
-    from mingpt_rlhf import plot
+    from mingpt_rlhf.machinery import plot
     with pytest.raises(SystemExit) as exit_info:
         plot.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
     err = capsys.readouterr().err.strip()
@@ -290,7 +290,7 @@ def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
     ([W("sft"), "--colour", "red"], ["--colour"]),
 ])
 def test_report_mistakes_exit_2_with_one_line(world, capsys, argv, words):
-    from mingpt_rlhf import report
+    from mingpt_rlhf.machinery import report
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
     err = capsys.readouterr().err.strip()
@@ -300,8 +300,8 @@ def test_report_mistakes_exit_2_with_one_line(world, capsys, argv, words):
 
 
 def test_rollouts_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
-    from mingpt_rlhf import rollouts
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery import rollouts
+    from mingpt_rlhf.machinery.errors import UserError
     from test_report import TOKENIZER
     from test_wiring import build_trainer, ppo_config, random_prompts
     trainer = build_trainer(ppo_config(algo="ppo"))

@@ -1,6 +1,6 @@
 import torch
 
-from mingpt_rlhf.bestofn import best_of_n
+from mingpt_rlhf.methods.bestofn import best_of_n
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.tokenizer import WordTokenizer
 

@@ -7,8 +7,8 @@ import unicodedata
 
 import pytest
 
-from mingpt_rlhf.bpe import EOT, BPETokenizer, byte_to_unicode, gpt2_pattern
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.bpe import EOT, BPETokenizer, byte_to_unicode, gpt2_pattern
+from mingpt_rlhf.machinery.errors import UserError
 
 B2U = byte_to_unicode()
 WORDS = ["the", " the", " and", " of", "ing", " token", " it", "'s", " 123", "  ", "\n\n",
@@ -154,7 +154,7 @@ def test_published_gpt2_ids_when_cached():
     """Runs only where GPT-2's own vocab.json / merges.txt are in the cache (no download);
     the expected ids are those of OpenAI's tokenizer for the same strings."""
     import os
-    from mingpt_rlhf.pretrained import cache_dir
+    from mingpt_rlhf.machinery.pretrained import cache_dir
     folder = os.path.join(cache_dir(), "gpt2")
     if not all(os.path.isfile(os.path.join(folder, f)) for f in ("vocab.json", "merges.txt")):
         pytest.skip(f"GPT-2 tokenizer files not cached in {folder}")

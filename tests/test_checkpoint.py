@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mingpt_rlhf import checkpoint
+from mingpt_rlhf.machinery import checkpoint
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import typing
 import pytest
 
 import train_ppo
-from mingpt_rlhf.cli import build_parser, parse_config
-from mingpt_rlhf.rl_options import READ_ONLY_WITH, check_config, reads
+from mingpt_rlhf.machinery.cli import build_parser, parse_config
+from mingpt_rlhf.machinery.rl_options import READ_ONLY_WITH, check_config, reads
 
 SCRIPTS = ("train_sft", "train_rm", "train_ppo", "train_dpo", "sample")
 

@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mingpt_rlhf.critic_free import (group_advantages, k3_kl, leave_one_out_advantages,
-                                     zero_group_fraction)
+from mingpt_rlhf.methods.critic_free import (group_advantages, k3_kl, leave_one_out_advantages,
+                                             zero_group_fraction)
 from mingpt_rlhf.ppo import policy_loss, reduce_tokens
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from mingpt_rlhf.data import (IGNORE, SFTData, encode_example, load_preference_jsonl,
                               load_sft_jsonl, split_dialogue_pair)
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.tokenizer import WordTokenizer
 
 TOK = WordTokenizer("a b c d e f".split())

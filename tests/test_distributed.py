@@ -230,7 +230,7 @@ def test_episodes_train_on_two_processes(launched):
 
 def test_each_process_gets_whole_groups_or_the_run_is_refused():
     import train_ppo
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     cfg = train_ppo.Config(algo="grpo", group_size=4, rollout_batch_size=16, minibatch_size=8)
     local = train_ppo.share_of_process(cfg, 2)  # 4 groups of 4: 2 whole groups per process
     assert (local.rollout_batch_size, local.minibatch_size) == (8, 4)
@@ -254,7 +254,7 @@ def test_a_killed_ppo_run_under_torchrun_resumes_exactly(stages, launched, tmp_p
     assert metrics(straight, "rm_score") == metrics(tmp_path / "killed", "rm_score")
     # its random streams are those of 2 processes: one process cannot continue it exactly
     import train_ppo
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     with pytest.raises(UserError, match="2 process"):
         train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "killed"), resume=True,
                                         **{k: str(v) if k.endswith("_dir") else v for k, v in common.items()}))

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from mingpt_rlhf.cli import build_parser
+from mingpt_rlhf.machinery.cli import build_parser
 from test_scripts import ROOT
 
 PAGES = ([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "bench", "peers", "README.md")]
@@ -101,7 +101,7 @@ def check_command(args: list[str], page: str):
     where = f"{os.path.relpath(page, ROOT)}: python {' '.join(args)}"
     if args[:2] == ["-m", "pytest"]:
         return
-    if args[:2] in (["-m", "mingpt_rlhf.plot"], ["-m", "mingpt_rlhf.report"]):
+    if args[:2] in (["-m", "mingpt_rlhf.machinery.plot"], ["-m", "mingpt_rlhf.machinery.report"]):
         importlib.import_module(args[1]).build_parser().parse_args(args[2:])
         return
     script = args[0]
@@ -186,7 +186,7 @@ def test_the_pointer_checker_catches_a_wrong_direction_and_a_missing_section(tmp
 
 
 def test_the_checker_catches_a_wrong_option_and_a_missing_script():
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     with pytest.raises(UserError):
         check_command(["train_ppo.py", "--no_such_option", "1"], PAGES[0])
     with pytest.raises(AssertionError):
@@ -612,7 +612,7 @@ def option_problem(name: str, value: str, scripts=SCRIPTS) -> str:
     """"" if one of `scripts` whose Config has `--name` takes `value` (its parser's type; for
     train_ppo.py also check_config's "--name must ..." checks, where the choices are), else
     why not. An option no script has (a bench's --seeds) is not ours to check: ""."""
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     owners = [s for s in scripts if name in {f.name for f in dataclasses.fields(SCRIPT_CONFIGS[s])}]
     if not owners or PLACEHOLDER_VALUE.fullmatch(value):
         return ""
@@ -624,7 +624,7 @@ def option_problem(name: str, value: str, scripts=SCRIPTS) -> str:
             why.append(f"{script}.py: {e}")
             continue
         if script == "train_ppo":
-            from mingpt_rlhf.rl_options import check_config
+            from mingpt_rlhf.machinery.rl_options import check_config
             try:
                 check_config(SCRIPT_CONFIGS[script](**vars(args)))
             except UserError as e:

@@ -7,7 +7,7 @@ import torch
 
 from conftest import left_pad
 from mingpt_rlhf.data import right_pad
-from mingpt_rlhf.dpo import dpo_loss, response_logprob_sums
+from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
 from mingpt_rlhf.model import GPT, GPTConfig
 
 

@@ -10,7 +10,7 @@ import train_ppo
 import train_sft
 from test_scripts import read_metrics
 from mingpt_rlhf.data import Transcript, load_sft_jsonl
-from mingpt_rlhf.episodes import HELD_OUT_SEEDS, load_env
+from mingpt_rlhf.methods.episodes import HELD_OUT_SEEDS, load_env
 
 PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "examples", "duel_env.py")

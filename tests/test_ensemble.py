@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import exits_2
-from mingpt_rlhf.bestofn import best_of_n
-from mingpt_rlhf.ensemble import (COMBINE, EnsembleReward, RewardEnsemble, load_reward,
-                                  warm_average)
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.methods.bestofn import best_of_n
+from mingpt_rlhf.lab.ensemble import (COMBINE, EnsembleReward, RewardEnsemble, load_reward,
+                                      warm_average)
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.heads import RewardModel
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.tokenizer import WordTokenizer
@@ -153,8 +153,8 @@ def test_train_rm_ensemble_writes_members_warm_and_a_manifest(stages, ensemble_r
     member 1 differs from it in its trunk and its head (it trains both, from its own seed and
     order); WARM is their normalised average, normalised again on the policy's samples."""
     import train_rm
-    from mingpt_rlhf.checkpoint import load_policy, load_reward_model
-    from mingpt_rlhf.runtime import autocast
+    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.machinery.runtime import autocast
     from mingpt_rlhf.tasks import get_task
     out, summary = ensemble_run
     root = stages[0]

@@ -1,4 +1,4 @@
-"""Episodes with an environment: the sampler (episodes.py), GAE over the holes, the mask in
+"""Episodes with an environment: the sampler (methods/episodes.py), GAE over the holes, the mask in
 every loss, SFT on transcripts, the built-in guessing game, and the --env paths of the scripts."""
 import json
 import os
@@ -17,12 +17,13 @@ from conftest import as_options
 def exits_2(capsys, script, argv):
     return conftest.exits_2(capsys, script, [str(x) for x in argv])
 from test_scripts import assert_same_weights, killed_after_first_save, read_metrics
-from mingpt_rlhf import episodes, ppo_trainer
+from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf.methods import episodes
 from mingpt_rlhf.data import IGNORE, SFTData, Transcript, encode_transcript, load_sft_jsonl
-from mingpt_rlhf.env_guess import (GuessNumber, optimal_turns, parse_guess, teacher_episode,
-                                   teacher_success, teacher_turns, where_in_interval)
-from mingpt_rlhf.episodes import HELD_OUT_SEEDS, EpisodeSource, play_episodes
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.methods.env_guess import (GuessNumber, optimal_turns, parse_guess, teacher_episode,
+                                           teacher_success, teacher_turns, where_in_interval)
+from mingpt_rlhf.methods.episodes import HELD_OUT_SEEDS, EpisodeSource, play_episodes
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.logprobs import sequence_logprobs
 from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPT, GPTConfig
@@ -267,7 +268,7 @@ def test_an_episodes_score_is_its_return_the_sum_of_its_turns_rewards(algo):
     summed (the game's -0.1 per wrong guess and its final reward), minus beta x the KL over
     the policy's tokens, baselined by its group. Episodes of several rewarded turns are
     played, so the last turn's reward alone would give other scores and advantages."""
-    from mingpt_rlhf.critic_free import group_advantages, leave_one_out_advantages
+    from mingpt_rlhf.methods.critic_free import group_advantages, leave_one_out_advantages
     trainer = trainer_on_episodes(algo)
     exp, stats, ep = trainer.play([1_000_000 + i // 4 for i in range(8)],
                                   torch.Generator().manual_seed(0))
@@ -640,7 +641,7 @@ def test_an_environment_that_fails_mid_run_leaves_the_last_checkpoint(guess_sft,
     """Its 49th episode raises: iteration 3, after the checkpoint of iteration 2 (evals of 8
     episodes at 0 and 2, 16 episodes per iteration; no recorded groups, which are played too)."""
     (tmp_path / "late.py").write_text(
-        "from mingpt_rlhf.env_guess import GuessNumber\n"
+        "from mingpt_rlhf.methods.env_guess import GuessNumber\n"
         "class Late(GuessNumber):\n    made = 0\n"
         "    def reset(self, seed):\n        Late.made += 1\n"
         "        if Late.made == 49:\n            raise RuntimeError('out of numbers')\n"
@@ -673,13 +674,13 @@ def test_the_built_in_teacher_is_the_sft_data_of_the_game():
     assert len(train) == 20000 and len(held_out) == 500
     assert train[:3] == GuessNumber.teacher_episodes("train", 1)[:3]
     assert train[:3] != GuessNumber.teacher_episodes("train", 2)[:3]
-    from mingpt_rlhf.env_guess import TRAINING_SEEDS_FROM
+    from mingpt_rlhf.methods.env_guess import TRAINING_SEEDS_FROM
     assert TRAINING_SEEDS_FROM == HELD_OUT_SEEDS
     assert os.path.basename(__file__) == "test_episodes.py"
 
 
 def test_the_calculator_example_is_a_tool_the_policy_can_call():
-    from mingpt_rlhf.episodes import load_env
+    from mingpt_rlhf.methods.episodes import load_env
     calculator, _ = load_env(os.path.join(os.path.dirname(os.path.dirname(__file__)),
                                           "examples", "calculator_env.py") + ":Calculator")
     env = calculator()
@@ -754,7 +755,7 @@ def test_episodes_of_different_openings_fit_the_context_together():
 
 def test_an_environment_whose_figures_raise_stops_with_one_line(guess_sft, tmp_path, capsys):
     (tmp_path / "figs.py").write_text(
-        "from mingpt_rlhf.env_guess import GuessNumber\n"
+        "from mingpt_rlhf.methods.env_guess import GuessNumber\n"
         "class Figs(GuessNumber):\n    @classmethod\n"
         "    def figures(cls, transcripts, returns):\n        raise ValueError('no figures')\n")
     line = exits_2(capsys, "train_ppo", ["--sft_dir", guess_sft, "--env", f"{tmp_path / 'figs.py'}:Figs",

@@ -81,7 +81,7 @@ def test_long_prompts_are_cut_from_the_left(gpt2_folder):
 
 
 def _state(folder):
-    from mingpt_rlhf.bpe import BPETokenizer
+    from mingpt_rlhf.machinery.bpe import BPETokenizer
     st = BPETokenizer.from_pretrained(str(folder)).state_dict()
     st.pop("type")
     return st

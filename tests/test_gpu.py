@@ -149,7 +149,7 @@ def test_two_processes_on_two_gpus_with_nccl(cuda_stages, tmp_path):
 @needs_cuda
 def test_frozen_bf16_copy_equals_autocast_on_cuda():
     from mingpt_rlhf.model import GPT, GPTConfig
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=2, n_embd=64)).cuda().eval()
     frozen = hold_frozen_in(copy.deepcopy(model).requires_grad_(False), torch.bfloat16)

@@ -1,5 +1,5 @@
-"""The enumerable world (mingpt_rlhf/tabular.py) and the gradient oracle on it
-(mingpt_rlhf/gradients.py): the regularised objective, its gradient and its maximiser exact;
+"""The enumerable world (mingpt_rlhf/lab/tabular.py) and the gradient oracle on it
+(mingpt_rlhf/lab/gradients.py): the regularised objective, its gradient and its maximiser exact;
 every configuration of the trainer's table moves the policy as its formula says; DPO, IPO
 and the reward model minimised where their derivations say."""
 import itertools
@@ -7,17 +7,17 @@ import itertools
 import pytest
 import torch
 
-from mingpt_rlhf.gradients import (FOLLOWS, ROWS, arbitrary_values, evaluation_point,
-                                   exact_ascent, expected_update, local_kl_gradient,
-                                   semi_gradient)
+from mingpt_rlhf.lab.gradients import (FOLLOWS, ROWS, arbitrary_values, evaluation_point,
+                                       exact_ascent, expected_update, local_kl_gradient,
+                                       semi_gradient)
 from mingpt_rlhf.logprobs import sequence_logprobs
 from mingpt_rlhf.losses import TABLES
-from mingpt_rlhf.offpolicy import OFFPOLICY
-from mingpt_rlhf.tabular import (MAX_LEN, PAD, PREFIXES, RESPONSES, TabularPolicy,
-                                 ipo_optimal_policy, kl, make_world, objective,
-                                 objective_gradient, optimal_policy, optimal_value,
-                                 preference_loss, response_batch, response_logprobs,
-                                 reward_model_loss, visits)
+from mingpt_rlhf.lab.offpolicy import OFFPOLICY
+from mingpt_rlhf.lab.tabular import (MAX_LEN, PAD, PREFIXES, RESPONSES, TabularPolicy,
+                                     ipo_optimal_policy, kl, make_world, objective,
+                                     objective_gradient, optimal_policy, optimal_value,
+                                     preference_loss, response_batch, response_logprobs,
+                                     reward_model_loss, visits)
 
 WORLD = make_world()
 
@@ -134,7 +134,7 @@ def reference_update(row, table, behind, world):
     if spec.kl_in == "reward":
         rewards = rewards - beta * est
     # a lagging sampler's correction: the ratio's denominator, and each token's weight from
-    # r = learner / sampler at scoring time (offpolicy.py's table, written out again)
+    # r = learner / sampler at scoring time (lab/offpolicy.py's table, written out again)
     r = torch.exp(stored - sampler)
     cap = row.cap
     old_of = {"none": stored, "clip": sampler, "decoupled": stored, "tis": stored,

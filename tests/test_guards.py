@@ -10,16 +10,16 @@ import train_dpo
 import train_ppo
 import train_rm
 import train_sft
-from mingpt_rlhf.checkpoint import save_checkpoint
-from mingpt_rlhf.cli import run
+from mingpt_rlhf.machinery.checkpoint import save_checkpoint
+from mingpt_rlhf.machinery.cli import run
 from mingpt_rlhf.data import PairData, encode_prompt
-from mingpt_rlhf.dpo import response_logprob_sums
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.methods.dpo import response_logprob_sums
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.task_base import PreferencePair
 from mingpt_rlhf.tokenizer import WordTokenizer
-from mingpt_rlhf.watch import idle_update_warning
+from mingpt_rlhf.machinery.watch import idle_update_warning
 from test_scripts import TINY, ppo_cfg, read_metrics, rm_cfg
 
 
@@ -85,7 +85,7 @@ def test_sft_resumed_with_another_task_is_refused(tmp_path):
 def test_vocabularies_that_read_the_task_pass(tmp_path):
     """GPT-2's BPE encodes any text; a word vocabulary holding every word of the task does too
     (a file's words plus some); each task passes with its own."""
-    from mingpt_rlhf.bpe import BPETokenizer
+    from mingpt_rlhf.machinery.bpe import BPETokenizer
     from mingpt_rlhf.tasks import VOCAB
     from test_bpe import make_files
     reviews = get_task("reviews")
@@ -125,7 +125,7 @@ def test_encode_prompt_refuses_a_prompt_without_tokens():
 def test_a_pair_without_prompt_scores_from_its_second_token_packed_or_not(monkeypatch):
     """Pairs may have an empty prompt (raw dialogues without a marker): the first token then
     has no position before it and is left out, the same in the padded and the packed pass."""
-    from mingpt_rlhf import packing
+    from mingpt_rlhf.machinery import packing
     tokenizer = get_task("reviews").tokenizer()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, **TINY)).eval()
@@ -210,8 +210,8 @@ def test_lora_merge_starts_from_the_float32_base_not_the_bf16_copy():
     """hold_frozen_in holds the frozen base in bf16 for speed; the merged checkpoint must still
     be the float32 starting weights + (alpha / r) B A, and every other frozen tensor (biases,
     a Linear layer without adapters) exactly as loaded."""
-    from mingpt_rlhf.lora import LoRALinear, add_lora, merged_state_dict
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.lora import LoRALinear, add_lora, merged_state_dict
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=19, block_size=16, n_layer=2, n_head=2, n_embd=32))
     start = {k: v.clone() for k, v in model.state_dict().items()}

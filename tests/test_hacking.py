@@ -3,8 +3,8 @@ runs, the monitor's one message, and the held-out reward model's gap."""
 import pytest
 import torch
 
-from mingpt_rlhf.hacking import (ALARM_KL, THRESHOLDS, HackingMonitor, HeldOutGap, fired,
-                                 first_warning, signals, warns)
+from mingpt_rlhf.lab.hacking import (ALARM_KL, THRESHOLDS, HackingMonitor, HeldOutGap, fired,
+                                     first_warning, signals, warns)
 
 
 def rows(**series):

@@ -126,7 +126,7 @@ def test_scores_and_values_stay_float32_under_bf16_autocast(rm):
     """Autocast would run the head in bf16: scores rounded to steps of 2**-7 near 1..2, so
     rewards move in steps and RM accuracy counts rounding ties as mistakes. The heads compute
     in float32 (and hold_frozen_in leaves their weights in float32)."""
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(1)
     rm.set_normalisation(torch.randn(64) * 0.7 + 0.3)  # gain and bias that are not 1 and 0
     critic = Critic(CFG)

@@ -1,14 +1,14 @@
-"""LoRA (lora.py): a zero update at the start, merging, what trains, the reference it gives."""
+"""LoRA (machinery/lora.py): a zero update at the start, merging, what trains, the reference it gives."""
 import copy
 
 import pytest
 import torch
 
 from conftest import left_pad
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.heads import RewardModel
-from mingpt_rlhf.lora import (LoRALinear, adapters_disabled, add_lora, merged_state_dict,
-                              trainable_state_dict)
+from mingpt_rlhf.machinery.lora import (LoRALinear, adapters_disabled, add_lora, merged_state_dict,
+                                        trainable_state_dict)
 from mingpt_rlhf.model import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=19, block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -92,8 +92,8 @@ def test_base_checksum_is_the_same_whatever_dtype_holds_the_base():
     one. The base is then held in float32, or (hold_frozen_in, under bf16 / fp16 autocast) in
     low precision: the same base must pass in each, and a changed base (even one row's sign
     flipped) must not."""
-    from mingpt_rlhf.checkpoint import load_resume_state, resume_state
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.checkpoint import load_resume_state, resume_state
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     _, adapted = model_with_lora()
     saved = resume_state(hold_frozen_in(copy.deepcopy(adapted), torch.bfloat16))
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -110,7 +110,7 @@ def test_base_checksum_is_the_same_whatever_dtype_holds_the_base():
 def test_merged_weights_are_built_on_the_cpu_and_only_by_rank_0(monkeypatch):
     """Checkpoints hold merged weights; under torchrun only rank 0 writes, so the others build
     nothing (on 8 GPUs, 8 float32 copies of every adapted weight for one file)."""
-    from mingpt_rlhf import checkpoint, distributed, lora
+    from mingpt_rlhf.machinery import checkpoint, distributed, lora
     _, adapted = model_with_lora()
     assert all(t.device.type == "cpu" for t in checkpoint.weights_for_later_stages(adapted).values())
     monkeypatch.setattr(distributed, "rank", lambda: 1)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import train_ppo
-from mingpt_rlhf.cli import build_parser
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.cli import build_parser
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.losses import KL_ESTIMATORS, spec_of
 from mingpt_rlhf.ppo import reduce_tokens
 from mingpt_rlhf.ppo_trainer import resolve_auto_options

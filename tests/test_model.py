@@ -83,7 +83,7 @@ def test_vocabulary_rows_are_padded_but_never_returned():
 
 
 def test_a_state_dict_from_before_the_padding_still_loads(tiny_gpt):
-    from mingpt_rlhf.checkpoint import load_state_dict_checked
+    from mingpt_rlhf.machinery.checkpoint import load_state_dict_checked
     old = dict(tiny_gpt.state_dict())
     old["transformer.wte.weight"] = old["transformer.wte.weight"][:17].clone()  # unpadded
     fresh = GPT(tiny_gpt.config).eval()
@@ -116,7 +116,7 @@ def test_a_frozen_copy_held_in_bf16_computes_what_autocast_computes(tiny_gpt):
     to the last bit, under bf16 autocast (so the KL of the reference to the actor starts at
     0), with the embedding (and so the output layer) kept in float32."""
     import copy
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     frozen = hold_frozen_in(copy.deepcopy(tiny_gpt).requires_grad_(False), torch.bfloat16)
     assert frozen.transformer.h[0].attn.c_attn.weight.dtype == torch.bfloat16
     assert frozen.transformer.wte.weight.dtype == torch.float32

@@ -1,4 +1,4 @@
-"""Stale samples (mingpt_rlhf/offpolicy.py): every correction against a hand computation, the
+"""Stale samples (mingpt_rlhf/lab/offpolicy.py): every correction against a hand computation, the
 trainer applying the run's entry, a sampler exactly N updates behind, the queue's memory, and
 exact resume at the largest lag. The expected gradient of each correction at a lagging sampler
 is tests/test_gradients.py's business (a row per entry)."""
@@ -11,11 +11,12 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import cli, ppo_trainer
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf import ppo_trainer
+from mingpt_rlhf.machinery import cli
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.losses import spec_of
-from mingpt_rlhf.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, READS_CAP, SamplerQueue, cap_of,
-                                   correct, resolved_offpolicy)
+from mingpt_rlhf.lab.offpolicy import (DEFAULT_CAP, MAX_LAG, OFFPOLICY, READS_CAP, SamplerQueue, cap_of,
+                                       correct, resolved_offpolicy)
 from test_critic_free import grouped_prompts
 from test_ppo_trainer import Cfg, make_trainer
 from test_scripts import assert_same_weights, killed_after_first_save, ppo_cfg
@@ -99,10 +100,10 @@ def test_a_responses_importance_weight_is_the_product_of_its_tokens_not_their_me
     response's own ratio), the sampler's responses are the learner's exactly, and by the mean
     of the weights, which is what the trainer's sequence loss would take (seen through its own
     gradient, losses.token_weights), they are not. docs/offpolicy.md quotes these numbers."""
-    from mingpt_rlhf.gradients import evaluation_point
+    from mingpt_rlhf.lab.gradients import evaluation_point
     from mingpt_rlhf.logprobs import sequence_logprobs
     from mingpt_rlhf.losses import LossSpec, token_weights
-    from mingpt_rlhf.tabular import MAX_LEN, PAD, TabularPolicy, make_world, response_batch
+    from mingpt_rlhf.lab.tabular import MAX_LEN, PAD, TabularPolicy, make_world, response_batch
     world = make_world(0, 0.5)
     learner, sampler = evaluation_point(world)
     sequences, attention_mask, mask = response_batch()

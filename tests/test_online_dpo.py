@@ -1,5 +1,5 @@
-"""Online DPO (mingpt_rlhf/online_dpo.py, `--algo online_dpo`): the pairs by hand, the loss
-against dpo.py's on the same numbers, the pairs kept whole through the replay buffer, a run
+"""Online DPO (mingpt_rlhf/methods/online_dpo.py, `--algo online_dpo`): the pairs by hand, the loss
+against methods/dpo.py's on the same numbers, the pairs kept whole through the replay buffer, a run
 that learns, resumes exactly with a lagging sampler, and refuses what it cannot take. Its
 expected gradient is a row of the gradient oracle (tests/test_gradients.py)."""
 import dataclasses
@@ -10,8 +10,8 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf.dpo import dpo_loss
-from mingpt_rlhf.online_dpo import pair_loss, pair_rows, preference_signs, row_signs
+from mingpt_rlhf.methods.dpo import dpo_loss
+from mingpt_rlhf.methods.online_dpo import pair_loss, pair_rows, preference_signs, row_signs
 from mingpt_rlhf.ppo import ReplayBuffer
 from mingpt_rlhf.ppo_trainer import resolve_auto_options
 from test_critic_free import grouped_prompts

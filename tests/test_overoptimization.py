@@ -1,4 +1,4 @@
-"""Overoptimization's functional forms (mingpt_rlhf/overoptimization.py) fitted on curves made
+"""Overoptimization's functional forms (mingpt_rlhf/lab/overoptimization.py) fitted on curves made
 from known coefficients, best-of-n's KL formula against the exact KL of small policies, and
 bench/overoptimization.py's curves, fits and tables on runs of known shape."""
 import itertools
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import bench_module
-from mingpt_rlhf.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights
-from mingpt_rlhf.overoptimization import curve, fit
+from mingpt_rlhf.methods.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights
+from mingpt_rlhf.lab.overoptimization import curve, fit
 
 
 @pytest.mark.parametrize("form,alpha,beta,peak", [

@@ -1,11 +1,11 @@
-"""Padding-free passes (packing.py): the real tokens of a padded batch packed into few rows
+"""Padding-free passes (machinery/packing.py): the real tokens of a padded batch packed into few rows
 get the hidden states, values and gradients they get in the padded batch."""
 import pytest
 import torch
 
-from mingpt_rlhf import packing
+from mingpt_rlhf.machinery import packing
 from mingpt_rlhf.model import GPT, GPTConfig
-from mingpt_rlhf.packing import Packing
+from mingpt_rlhf.machinery.packing import Packing
 
 
 def padded_batch(seed=0):

@@ -26,7 +26,7 @@ def test_grpo_finds_binary_search_in_the_guessing_game(tmp_path):
     """docs/multiturn.md's commands (~5 min on 2 cores): from the weak teacher's SFT policy,
     GRPO wins at least 95 % of the held-out games, in at most 15 % more guesses than binary
     search's 3.27 on average."""
-    from mingpt_rlhf.env_guess import optimal_turns
+    from mingpt_rlhf.methods.env_guess import optimal_turns
     sft = train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), env="guess", max_new_tokens=3))
     assert sft["turns"] > 3.8, sft  # the teacher's habits: 4.08 guesses on average
     grpo = train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "grpo"), sft_dir=str(tmp_path / "sft"),

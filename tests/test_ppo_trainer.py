@@ -340,7 +340,7 @@ def test_a_shared_value_head_learns_at_critic_lr():
 
 def test_lora_reference_is_the_actor_with_adapters_off():
     """ref=None with a LoRA actor gives the reference log-probs a frozen copy would give."""
-    from mingpt_rlhf.lora import LoRALinear, add_lora
+    from mingpt_rlhf.machinery.lora import LoRALinear, add_lora
     torch.manual_seed(0)
     base = GPT(GPTConfig(vocab_size=8, block_size=24, n_layer=1, n_head=2, n_embd=32))
     frozen = copy.deepcopy(base).requires_grad_(False)
@@ -423,7 +423,7 @@ def test_generating_in_slices_right_pads_each_slice_to_the_longest_response():
 def test_reinforce_pp_discounts_its_returns_by_gamma():
     """--gamma reaches REINFORCE++'s returns: the same rollout (same seed) at gamma 0.5 has the
     advantages of the per-token rewards discounted by 0.5, not those of gamma 1."""
-    from mingpt_rlhf.refinements import reinforce_pp_advantages
+    from mingpt_rlhf.lab.refinements import reinforce_pp_advantages
     advantages, rewards = {}, {}
     for gamma in (1.0, 0.5):
         tr = make_trainer(Cfg(algo="reinforce++", gamma=gamma), critic_free=True)

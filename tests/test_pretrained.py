@@ -10,10 +10,10 @@ import struct
 import pytest
 import torch
 
-from mingpt_rlhf import pretrained
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery import pretrained
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.model import GPT
-from mingpt_rlhf.pretrained import read_safetensors, resolve_pretrained
+from mingpt_rlhf.machinery.pretrained import read_safetensors, resolve_pretrained
 
 load_pretrained = GPT.from_pretrained  # the one way in
 

@@ -24,9 +24,9 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     # the phases are where they should be: the loop in the iteration, the rest around it
     assert {("train_ppo.py", "main"), ("mingpt_rlhf/ppo_trainer.py", "PPOTrainer.step"),
             ("mingpt_rlhf/ppo.py", "gae")} <= listed["iteration"]
-    assert ("mingpt_rlhf/rl_options.py", "check_config") in listed["set-up"]
-    assert ("mingpt_rlhf/rollouts.py", "RolloutRecorder.record") in listed["eval"]
-    assert ("mingpt_rlhf/checkpoint.py", "save_checkpoint") in listed["end"]
+    assert ("mingpt_rlhf/machinery/rl_options.py", "check_config") in listed["set-up"]
+    assert ("mingpt_rlhf/machinery/rollouts.py", "RolloutRecorder.record") in listed["eval"]
+    assert ("mingpt_rlhf/machinery/checkpoint.py", "save_checkpoint") in listed["end"]
     lines = result["phases"]["iteration"]["lines"]
     by_file = sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"])
     files = ", ".join(f"{name} {f['lines']}" for name, f in by_file)

@@ -1,4 +1,4 @@
-"""The refinements of GRPO and PPO (mingpt_rlhf/refinements.py): each against a hand
+"""The refinements of GRPO and PPO (mingpt_rlhf/lab/refinements.py): each against a hand
 computation, and each option of train_ppo.py reaching the update."""
 import math
 
@@ -7,11 +7,13 @@ import torch
 
 import conftest
 import train_ppo
-from mingpt_rlhf import cli, losses, ppo_trainer, refinements
+from mingpt_rlhf import losses, ppo_trainer
+from mingpt_rlhf.lab import refinements
+from mingpt_rlhf.machinery import cli
 from mingpt_rlhf.ppo import policy_loss
 from mingpt_rlhf.ppo import align_and_cat
-from mingpt_rlhf.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
-                                     sequence_policy_loss)
+from mingpt_rlhf.lab.refinements import (informative_groups, overlong_penalty, reinforce_pp_advantages,
+                                         sequence_policy_loss)
 from test_scripts import ppo_cfg, read_metrics
 
 

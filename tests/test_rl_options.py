@@ -8,8 +8,8 @@ import pytest
 
 import conftest
 import train_ppo
-from mingpt_rlhf.errors import UserError
-from mingpt_rlhf.rl_options import READ_ONLY_WITH, default_of
+from mingpt_rlhf.machinery.errors import UserError
+from mingpt_rlhf.machinery.rl_options import READ_ONLY_WITH, default_of
 
 ONLINE_DPO = {"algo": "online_dpo"}
 

@@ -19,7 +19,7 @@ import train_ppo
 import train_rm
 import train_sft
 from conftest import copy_run, exits_2
-from mingpt_rlhf import cli
+from mingpt_rlhf.machinery import cli
 from mingpt_rlhf.heads import Critic, RewardModel
 from mingpt_rlhf.model import GPT, GPTConfig
 
@@ -125,8 +125,8 @@ def test_rm_of_another_size_is_normalised_on_the_policys_samples(stages, tmp_pat
     mean 0 and std 1 on the policy's samples (those PPO will score), not on its own SFT's."""
     import train_rm
     import train_sft
-    from mingpt_rlhf.checkpoint import load_policy, load_reward_model
-    from mingpt_rlhf.runtime import autocast
+    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.machinery.runtime import autocast
     from mingpt_rlhf.tasks import get_task
     root = stages[0]
     train_sft.main(sft_cfg(tmp_path / "sft_small", n_embd=16, max_iters=10))
@@ -215,7 +215,7 @@ def test_ppo_refuses_a_reward_model_with_another_tokenizer(stages, tmp_path):
     ckpt["tokenizer"] = {"type": "word", "words": ["other", "words"]}
     os.makedirs(tmp_path / "rm")
     torch.save(ckpt, tmp_path / "rm" / "ckpt.pt")
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     with pytest.raises(UserError, match="another tokenizer"):
         train_ppo.main(ppo_cfg(tmp_path / "ppo", root / "sft", tmp_path / "rm"))
 
@@ -386,7 +386,7 @@ def test_lora_resume_refuses_a_changed_base(stages, lora_ppo_killed, tmp_path):
     sft = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=False)
     sft["model"]["transformer.ln_f.bias"] += 0.1  # the SFT model was retrained meanwhile
     torch.save(sft, tmp_path / "sft" / "ckpt.pt")
-    from mingpt_rlhf.errors import UserError
+    from mingpt_rlhf.machinery.errors import UserError
     with pytest.raises(UserError, match="base weights differ"):
         train_ppo.main(lora_ppo_cfg(tmp_path / "ppo", tmp_path / "sft", root / "rm", resume=True))
 
@@ -550,7 +550,7 @@ def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, dpo_run, tmp_path
     assert a["stage"] == "dpo"
     assert_same_weights(a["model"], b["model"])
     # a policy checkpoint: loads as the start of a later stage
-    from mingpt_rlhf.checkpoint import load_policy
+    from mingpt_rlhf.machinery.checkpoint import load_policy
     load_policy(str(straight))
 
 

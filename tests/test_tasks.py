@@ -2,7 +2,7 @@
 
 import pytest
 
-from mingpt_rlhf.errors import UserError
+from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.task_base import labeller_faults, response_length
 from mingpt_rlhf.tasks import TASKS, PreferencePair, ReviewsTask, get_task, gold_agreement
 

@@ -7,7 +7,7 @@ import os
 import torch
 
 from conftest import bench_module
-from mingpt_rlhf.bpe import BPETokenizer
+from mingpt_rlhf.machinery.bpe import BPETokenizer
 from mingpt_rlhf.model import GPT
 from test_docs import commands
 

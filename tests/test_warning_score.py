@@ -6,7 +6,7 @@ import random
 import pytest
 
 from conftest import bench_module
-from mingpt_rlhf.hacking import HackingMonitor
+from mingpt_rlhf.lab.hacking import HackingMonitor
 
 
 def ws():

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import left_pad
-from mingpt_rlhf.critic_free import group_advantages, k3_kl, leave_one_out_advantages
+from mingpt_rlhf.methods.critic_free import group_advantages, k3_kl, leave_one_out_advantages
 from mingpt_rlhf.data import IGNORE, SFTData
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.model import GPT, GPTConfig
@@ -408,7 +408,7 @@ def test_pair_data_puts_the_chosen_rows_first_where_both_losses_read_them():
     batch is the loss of the pairs scored one text at a time, chosen first; and DPO's summed
     log-probs of rows [:n] are those of the chosen responses."""
     from mingpt_rlhf.data import PairData
-    from mingpt_rlhf.dpo import response_logprob_sums
+    from mingpt_rlhf.methods.dpo import response_logprob_sums
     from mingpt_rlhf.heads import RewardModel, pairwise_loss
     from mingpt_rlhf.tasks import PreferencePair
     tok = WordTokenizer(["a", "b", "c", "d", "e"])  # ids: pad 0, eos 1, unk 2, a..e = 3..7
@@ -501,7 +501,7 @@ def test_a_tiny_reward_model_prefers_the_chosen_side(stages, preference_files, t
     the rejected kind in more than 80 % of 128 pairings (measured 94 to 98 %). Reading the
     sides swapped anywhere (file, PairData, the loss's split) fails one or the other."""
     import train_rm
-    from mingpt_rlhf.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
     from test_scripts import rm_cfg
     root, _, _ = stages
     train, held_out = preference_files
@@ -525,7 +525,7 @@ def test_dpo_raises_the_chosen_sides_implicit_reward(stages, preference_files, t
     kind in more than 80 % of them (measured 98 to 100 % over three seeds), with a DPO loss
     below log 2 - 0.05 (measured 0.36 to 0.57)."""
     import train_dpo
-    from mingpt_rlhf.checkpoint import load_policy
+    from mingpt_rlhf.machinery.checkpoint import load_policy
     from test_scripts import read_metrics
     root, _, _ = stages
     train, held_out = preference_files
@@ -558,7 +558,7 @@ FP32, BF16 = torch.float32, torch.bfloat16
 
 def amp(dtype):
     """The scripts' autocast context (runtime.autocast on the CPU)."""
-    from mingpt_rlhf.runtime import autocast
+    from mingpt_rlhf.machinery.runtime import autocast
     return autocast(torch.device("cpu"), dtype)
 
 
@@ -568,7 +568,7 @@ def a_batch():
 
 def lora_adapted(model):
     """LoRA on every projection, adapters moved off 0 so that they count."""
-    from mingpt_rlhf.lora import LoRALinear, add_lora
+    from mingpt_rlhf.machinery.lora import LoRALinear, add_lora
     add_lora(model, 4, 8.0)
     with torch.no_grad():
         for m in model.modules():
@@ -580,7 +580,7 @@ def lora_adapted(model):
 def sft_step(dtype, lora=False):
     """train_sft.py's loss: next-token cross-entropy on the response tokens."""
     from mingpt_rlhf.logprobs import lm_loss
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(0)
     model = GPT(BF16_CFG)
     if lora:
@@ -609,9 +609,9 @@ def rm_step(dtype):
 def dpo_step(dtype, lora=False):
     """train_dpo.py's loss: DPO from summed response log-probs of the policy (moved off the
     reference, so the loss is not log 2) and of the reference held in the autocast dtype."""
-    from mingpt_rlhf.dpo import dpo_loss, response_logprob_sums
-    from mingpt_rlhf.lora import adapters_disabled
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
+    from mingpt_rlhf.machinery.lora import adapters_disabled
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(0)
     policy = GPT(BF16_CFG)
     if lora:
@@ -637,7 +637,7 @@ def dpo_step(dtype, lora=False):
 def ppo_step(dtype):
     """PPOTrainer.learn's first actor step (policy loss - entropy bonus + value loss, shared
     critic) on one float32 rollout, with the reference held in the autocast dtype."""
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     cfg = ppo_config(ppo_epochs=1, minibatch_size=16, entropy_coef=0.05, vf_coef=0.5)
     rollout = build_trainer(cfg).make_experience(*random_prompts(16),
                                                  torch.Generator().manual_seed(0))[0]
@@ -684,8 +684,8 @@ def test_a_lora_merge_is_the_float32_base_plus_the_scaled_update():
     """merged_state_dict writes W + alpha / r * B A for every adapted weight, W being the
     float32 base as loaded, also when the run holds the base in bf16; every other tensor as
     loaded. The merged model in float32 then computes what the adapted model computes."""
-    from mingpt_rlhf.lora import LoRALinear, merged_state_dict
-    from mingpt_rlhf.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.lora import LoRALinear, merged_state_dict
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
     torch.manual_seed(0)
     model32 = GPT(BF16_CFG)
     loaded = {k: v.clone() for k, v in model32.state_dict().items()}

@@ -7,7 +7,7 @@ names the state and what to try, and the figures behind it are logged:
   learns from the missing-EOS penalty, not from the reward);
 - an iteration's update took no optimizer step (`minibatch_steps` 0; the cause is named);
 - the KL to the SFT policy stayed above twice --kl_target for a tenth of the run;
-- the reward-hacking warning (hacking.py): its signals are logged every iteration.
+- the reward-hacking warning (lab/hacking.py): its signals are logged every iteration.
 
     watch = RunWatch(cfg)
     stats.update(watch.check(stats, step, beta))  # each iteration, before the line is logged
@@ -19,7 +19,7 @@ import math
 from tqdm import tqdm
 
 from .distributed import is_main
-from .hacking import HackingMonitor
+from ..lab.hacking import HackingMonitor
 
 
 def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:

@@ -63,15 +63,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import left_pad
-from .distributed import mean_over_ranks, shard
-from .errors import UserError
-from .logprobs import tempered_logprobs
-from .losses import GROUP_ALGOS
-from .model import position_ids_from_mask
-from .rewards import load_function, real_number
-from .runtime import require_room_for_prompt
-from .sampling import GenerationOutput, next_token_logits, sample_next
+from ..data import left_pad
+from ..machinery.distributed import mean_over_ranks, shard
+from ..machinery.errors import UserError
+from ..logprobs import tempered_logprobs
+from ..losses import GROUP_ALGOS
+from ..model import position_ids_from_mask
+from ..rewards import load_function, real_number
+from ..machinery.runtime import require_room_for_prompt
+from ..sampling import GenerationOutput, next_token_logits, sample_next
 
 HELD_OUT_SEEDS = 1_000_000  # eval episodes use seeds below this, training episodes at or above
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 from .cli import require_non_negative, require_positive
-from .ensemble import COMBINE_CHOICES
+from ..lab.ensemble import COMBINE_CHOICES
 from .errors import UserError
 from .lora import check_lora_options
-from .losses import GROUP_ALGOS, LEARN_TOKENS
-from .offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
-from .ppo_trainer import resolve_auto_options
+from ..losses import GROUP_ALGOS, LEARN_TOKENS
+from ..lab.offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
+from ..ppo_trainer import resolve_auto_options
 
 LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
 DPO_KL = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's KL to the reference is "

@@ -5,7 +5,7 @@ it went, look at single responses: which tokens the advantage credited or charge
 policy moved away from the reference (the KL), what the critic expected (the value). At every
 eval a run records the same few held-out prompts (the first `count` of the eval; with an
 environment, the episodes of seeds 0 .. count - 1), so a prompt can be followed from the
-first eval to the last. `python -m mingpt_rlhf.report RUN_DIR` draws them (report.py).
+first eval to the last. `python -m mingpt_rlhf.machinery.report RUN_DIR` draws them (machinery/report.py).
 
 Nothing is computed twice: the numbers are those of the eval's own Experience, made by the
 trainer as training makes it (`PPOTrainer.make_experience` / `play`):
@@ -54,10 +54,10 @@ import time
 import torch
 
 from .errors import UserError
-from .losses import GROUP_ALGOS, token_weights
-from .online_dpo import pair_rows, row_signs
+from ..losses import GROUP_ALGOS, token_weights
+from ..methods.online_dpo import pair_rows, row_signs
 from .metrics import restart_log
-from .ppo import last_action_index
+from ..ppo import last_action_index
 
 GROUPED = GROUP_ALGOS  # advantages relative to a group of responses to the same prompt
 
@@ -212,7 +212,7 @@ class RolloutRecorder:
             "kl_coef": rounded(trainer.kl_ctl.value), "resp_len": sum(acted[:n]),
         }
         if episodes is not None:
-            from .episodes import environment_figures
+            from ..methods.episodes import environment_figures
             line["seed"] = episodes.seeds[row]
             figures = environment_figures(self.env_class, [episodes.transcripts[row]],
                                           [episodes.returns[row].item()])

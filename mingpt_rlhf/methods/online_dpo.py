@@ -1,6 +1,6 @@
 """Online DPO: DPO's loss on pairs the policy writes itself, ranked by the reward.
 
-Offline DPO (dpo.py, train_dpo.py) learns from a fixed file of pairs written by other
+Offline DPO (methods/dpo.py, train_dpo.py) learns from a fixed file of pairs written by other
 policies; the further the policy moves from them, the less they say about it, and it falls
 short of PPO (docs/methods.md). Online DPO (Guo et al. 2024, "Direct language model alignment
 from online AI feedback"; Calandriello et al. 2024) keeps DPO's loss and replaces the file:
@@ -14,7 +14,7 @@ from online AI feedback"; Calandriello et al. 2024) keeps DPO's loss and replace
    of a torchrun holds the same number of pairs, `pair_rows`);
 3. one DPO step per minibatch of pairs against the frozen reference: h = (log pi(c) - log
    ref(c)) - (log pi(r) - log ref(r)) over each response's tokens, loss -log sigmoid(beta h),
-   or IPO's (h - 1 / (2 beta))^2 (`pair_loss`, dpo.py's `dpo_loss`).
+   or IPO's (h - 1 / (2 beta))^2 (`pair_loss`, methods/dpo.py's `dpo_loss`).
 
 The KL to the reference is DPO's beta, inside the loss: no KL penalty in the reward and no
 critic. Its loss needs no ratio to the sampler, so a stale sampler (--sampler_lag) changes

@@ -2,7 +2,7 @@
 
 A language model's RL loss is a function of samples; what moves the policy is its gradient
 *in expectation over the samples*, and a test of a loss's value on a few tensors never sees
-that direction. In the enumerable world of tabular.py every batch of responses can be
+that direction. In the enumerable world of lab/tabular.py every batch of responses can be
 listed with its probability, so the expected gradient of the trainer's own loss (losses.py:
 the advantages, the surrogate, the reduction, the KL estimator where it is placed) is a
 finite sum, computed exactly in float64 (`expected_update`). Beside it, the gradient of the
@@ -13,7 +13,7 @@ ROWS holds one configuration for each entry of every table of losses.py (a test 
 none is missing); `exact_ascent` follows a row's expected update from the reference until it
 stops, to see where it ends: at pi*, the maximiser of J, or elsewhere.
 
-    python -m mingpt_rlhf.gradients     # the table of every row (bench/results/gradients.json)
+    python -m mingpt_rlhf.lab.gradients     # the table of every row (bench/results/gradients.json)
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import torch
 
-from .cli import opt, run
-from .logprobs import sequence_logprobs
-from .losses import KL_ESTIMATORS, LossSpec, actor_loss, experience_advantages
-from .ppo import gae
+from ..machinery.cli import opt, run
+from ..logprobs import sequence_logprobs
+from ..losses import KL_ESTIMATORS, LossSpec, actor_loss, experience_advantages
+from ..ppo import gae
 from .offpolicy import correct
 from .tabular import (CHOICES, MAX_LEN, PAD, PREFIX_INDEX, PREFIXES, RESPONSES, TabularPolicy,
                       World, conditionals, kl, make_world, objective, objective_gradient,
@@ -409,7 +409,7 @@ def main(cfg: Config) -> dict:
         print(f"| {r['name']} | {'yes' if r['unbiased'] else 'no'} | {r['cosine']:.4f} | "
               f"{r['norm_ratio']:.4f} | {r['outcome']} ({r['steps']}) | {r['kl_to_optimum']:.2e} "
               f"| {r['kl_to_ref']:.3f} | {r['reward']:.4f} | {r['objective']:.4f} |", flush=True)
-    result = {"command": "python -m mingpt_rlhf.gradients", "date": time.strftime("%Y-%m-%d"),
+    result = {"command": "python -m mingpt_rlhf.lab.gradients", "date": time.strftime("%Y-%m-%d"),
               "world": {"seed": cfg.seed, "beta": cfg.beta, "responses": len(RESPONSES),
                         "group": GROUP, "budget": MAX_LEN},
               "optimum": {"kl_to_ref": kl(star, world.ref).item(), "objective": optimal_value(world),

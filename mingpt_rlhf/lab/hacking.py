@@ -30,7 +30,7 @@ reference, the KL's level past ALARM_KL nats per response, fitted on two seeds' 
 study. Every signal is still logged, and `fired` names those past their THRESHOLDS (scales
 chosen by reasoning, not fitted) in the alarm's message.
 
-    from mingpt_rlhf.hacking import HackingMonitor
+    from mingpt_rlhf.lab.hacking import HackingMonitor
     monitor = HackingMonitor(window=5)
     figures, message = monitor.update(stats)   # each iteration: signals + hacking_warning
 """
@@ -40,7 +40,7 @@ import contextlib
 
 import torch
 
-from .rewards import ModelReward
+from ..rewards import ModelReward
 
 ALARM_KL = 20.0  # nats per response: chosen on the study's seeds 0 and 1 (docs/reward_hacking.md)
 # signal -> (threshold, direction): +1 fires above it, -1 below it, 0 when |value| passes it

@@ -30,7 +30,7 @@ and order of the same pairs), normalised on the policy's samples, so their score
 scale and each folder also works alone as --rm_dir. `--rm_dir DIR` in train_ppo.py loads the
 ensemble (`load_reward`), `--ensemble_combine` picks the rule (or warm).
 
-    from mingpt_rlhf.ensemble import load_reward
+    from mingpt_rlhf.lab.ensemble import load_reward
     rm, _, _ = load_reward("out/rm_ensemble", combine="wco")
     rm(sequences, attention_mask)   # (B,) the members' minimum
 """
@@ -43,10 +43,10 @@ import os
 import torch
 import torch.nn as nn
 
-from .checkpoint import load_checkpoint, reward_model_from
-from .errors import UserError
-from .rewards import ModelReward
-from .tokenizer import same_tokenizer, tokenizer_from_state
+from ..machinery.checkpoint import load_checkpoint, reward_model_from
+from ..machinery.errors import UserError
+from ..rewards import ModelReward
+from ..tokenizer import same_tokenizer, tokenizer_from_state
 
 MANIFEST = "ensemble.json"
 UWO_LAMBDA = 0.5  # train_ppo.py's default --uwo_lambda
@@ -130,7 +130,7 @@ def warm_average(members: list):
     so the heads are averaged in the same (normalised) units; the average has gain 1 and bias
     0 until normalised again. Members of another shape, or not fine-tuned from one trunk,
     have no meaningful average: the caller checks they share their SFT start."""
-    from .heads import RewardModel
+    from ..heads import RewardModel
     first = members[0]
     shapes = {k: v.shape for k, v in first.state_dict().items()}
     for i, m in enumerate(members[1:], 1):

@@ -9,7 +9,7 @@ a fixed penalty when the response never reached EOS), so best-of-n and PPO optim
 number. The reward model may be an ensemble (`ensemble.RewardEnsemble`): the best response is
 then the best by its combination rule (mean, wco, uwo), and WARM is a reward model like any.
 
-    from mingpt_rlhf.bestofn import best_of_n
+    from mingpt_rlhf.methods.bestofn import best_of_n
     texts, scores, tokens = best_of_n(policy, rm, tokenizer, prompts, n=16, max_new_tokens=32)
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .evaluate import generate_batches, response_texts
+from ..evaluate import generate_batches, response_texts
 
 
 @torch.no_grad()

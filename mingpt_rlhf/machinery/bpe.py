@@ -29,7 +29,7 @@ point assigned only in a later Unicode version counts as "other" here and may be
 differently than by a newer `regex` module. The encoded bytes, and so round trips, are
 unaffected.
 
-Try it:  python -c "from mingpt_rlhf.bpe import BPETokenizer as B; t=B.from_pretrained('gpt2'); print(t.encode('Hello world<|endoftext|>'))"
+Try it:  python -c "from mingpt_rlhf.machinery.bpe import BPETokenizer as B; t=B.from_pretrained('gpt2'); print(t.encode('Hello world<|endoftext|>'))"
 """
 from __future__ import annotations
 

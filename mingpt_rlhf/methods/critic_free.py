@@ -24,7 +24,7 @@ import torch
 
 def grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B,) -> (B / k, k): one row per prompt, in float32 at least (float64 stays float64:
-    the gradient oracle, gradients.py, computes in it)."""
+    the gradient oracle, lab/gradients.py, computes in it)."""
     if group_size < 2 or scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} responses do not split into groups of {group_size} (>= 2)")
     scores = scores if scores.dtype == torch.float64 else scores.float()

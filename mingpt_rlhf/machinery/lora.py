@@ -23,7 +23,7 @@ What the rest of the code relies on:
   run holds it in bf16 (`runtime.hold_frozen_in` keeps a float32 copy on the CPU), so a
   chain of LoRA stages never rounds the base.
 
-Try it:  python -c "from mingpt_rlhf.model import *; from mingpt_rlhf.lora import *; m=GPT(GPTConfig()); add_lora(m, 8, 16); print(sum(p.numel() for p in m.parameters() if p.requires_grad))"
+Try it:  python -c "from mingpt_rlhf.model import *; from mingpt_rlhf.machinery.lora import *; m=GPT(GPTConfig()); add_lora(m, 8, 16); print(sum(p.numel() for p in m.parameters() if p.requires_grad))"
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .logprobs import lm_logprobs
+from ..logprobs import lm_logprobs
 
 
 def response_logprob_sums(model, ids, attention_mask, response_mask, suppress=None):

@@ -18,7 +18,7 @@ Positions still count each sequence's real tokens from 0, so every real token ge
 state it gets in the padded batch (to float rounding: the matrix products have other shapes).
 Padding positions get zeros instead of the unused values they had.
 
-    python -m mingpt_rlhf.packing      # shows a packing of three rows
+    python -m mingpt_rlhf.machinery.packing      # shows a packing of three rows
 """
 from __future__ import annotations
 

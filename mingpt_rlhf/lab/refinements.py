@@ -43,7 +43,7 @@ Each is an option of train_ppo.py, off by default; each changes one thing:
    is slightly off-policy without knowing it. TIS weighs each token's loss by
    min(pi_learner / pi_sampler, C), the importance weight from the distribution that really
    sampled it, truncated at C so that one token cannot dominate (`--tis_cap C`). It is one
-   entry of the table of off-policy corrections (offpolicy.py, `--offpolicy`), beside the
+   entry of the table of off-policy corrections (lab/offpolicy.py, `--offpolicy`), beside the
    others for a sampler that lags the learner (`--sampler_lag N`). What it leaves
    uncorrected: the KL term when it is in the loss (`--kl_in loss`), the logged KL that
    drives the adaptive controller, and the truncation of top-k / top-p sampling (the
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import torch
 
-from .ppo import gae, masked_whiten, penalize_missing_eos, rollout_figures
+from ..ppo import gae, masked_whiten, penalize_missing_eos, rollout_figures
 
 
 def sequence_policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_low: float,

@@ -1,7 +1,7 @@
 """Curves of training runs from their metrics.jsonl: one figure, several runs overlaid.
 
-    python -m mingpt_rlhf.plot out/sft out/rm out/ppo --out curves.png
-    python -m mingpt_rlhf.plot out/ppo out/grpo out/rloo       # runs of one stage, overlaid
+    python -m mingpt_rlhf.machinery.plot out/sft out/rm out/ppo --out curves.png
+    python -m mingpt_rlhf.machinery.plot out/ppo out/grpo out/rloo       # runs of one stage, overlaid
 
 Each run's stage is read from its metrics (SFT, RM, RL for PPO / GRPO / RLOO, DPO) and drawn
 on that stage's panels: training figures as lines against step, eval figures as marked points.
@@ -138,7 +138,7 @@ def picture_of_run(out_dir: str) -> str | None:
 
 
 def build_parser() -> OneLineParser:
-    ap = OneLineParser(prog="python -m mingpt_rlhf.plot", description=__doc__,
+    ap = OneLineParser(prog="python -m mingpt_rlhf.machinery.plot", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of training runs (with metrics.jsonl)")
     ap.add_argument("--out", default="curves.png", help="the PNG to write (default: curves.png)")

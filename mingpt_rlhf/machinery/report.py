@@ -1,7 +1,7 @@
 """The run report: one HTML page that shows an RL run from its curves down to single tokens.
 
-    python -m mingpt_rlhf.report out/ppo                      # writes out/ppo/report.html
-    python -m mingpt_rlhf.report out/ppo out/grpo --out rl.html   # several runs overlaid
+    python -m mingpt_rlhf.machinery.report out/ppo                      # writes out/ppo/report.html
+    python -m mingpt_rlhf.machinery.report out/ppo out/grpo --out rl.html   # several runs overlaid
 
 The page is one self-contained file (its CSS, JavaScript and data inline, pictures drawn as
 SVG by the page itself): open it from disk in any browser, no server and no network. It shows
@@ -10,7 +10,7 @@ SVG by the page itself): open it from disk in any browser, no server and no netw
    held-out figures of the SFT policy (the eval at step 0) against the trained policy's;
 2. the curves of metrics.jsonl: reward and gold, KL and its coefficient, entropy, clipfrac and
    approx-KL, response length, the seconds of each phase; values on hover, runs overlaid;
-3. the token view, from rollouts.jsonl (rollouts.py): every recorded response with each token
+3. the token view, from rollouts.jsonl (machinery/rollouts.py): every recorded response with each token
    coloured by the quantity the reader picks (advantage, weight in the update, KL, value,
    entropy, reward), all its numbers on hover; one prompt at the first, middle and last eval side by side; an
    environment's tokens marked as such; and a legend saying what the colours mean and what a
@@ -34,7 +34,7 @@ import sys
 
 from .cli import OneLineParser
 from .errors import UserError
-from .losses import default_kl_estimator
+from ..losses import default_kl_estimator
 from .metrics import read_metrics
 from .plot import stage_of
 
@@ -184,7 +184,7 @@ def embedded_json(data) -> str:
 
 def page(runs: list[dict]) -> str:
     """The HTML of the report of `runs` (`read_report_run`): the page's CSS and script
-    (report.css, report.js, beside this file) inline, the runs as embedded JSON."""
+    (machinery/report.css, machinery/report.js, beside this file) inline, the runs as embedded JSON."""
     with open(os.path.join(HERE, "report.css"), encoding="utf-8") as f:
         css = f.read()
     with open(os.path.join(HERE, "report.js"), encoding="utf-8") as f:
@@ -234,7 +234,7 @@ def report_of_run(out_dir: str) -> str | None:
 
 
 def build_parser() -> OneLineParser:
-    ap = OneLineParser(prog="python -m mingpt_rlhf.report", description=__doc__,
+    ap = OneLineParser(prog="python -m mingpt_rlhf.machinery.report", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of RL runs (train_ppo.py)")
     ap.add_argument("--out", default="", help="the HTML file to write (default: report.html in "

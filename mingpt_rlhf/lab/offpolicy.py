@@ -32,7 +32,7 @@ as multiplying the token's advantage by it, which is how the trainer applies it 
 None corrects the KL term when it is in the loss, nor the logged KL, nor the prefix: a
 per-token weight corrects the distribution of the token given its prefix, not the
 probability of reaching the prefix (that would take the product of the ratios before it,
-whose variance grows with the length). The gradient oracle (gradients.py) has a row for each
+whose variance grows with the length). The gradient oracle (lab/gradients.py) has a row for each
 entry at a lagging sampler; tests/test_offpolicy.py checks each against a hand computation.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from .ppo import masked_mean
+from ..ppo import masked_mean
 
 
 class Correction(NamedTuple):

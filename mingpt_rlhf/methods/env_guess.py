@@ -24,14 +24,14 @@ SFT learns to play legally, like the teacher; only RL against the outcome can fi
 middle is the best guess.
 
 Held out: the trainer gives evaluation episodes the seeds 0, 1, 2, ... and training episodes
-seeds of a million and more (episodes.py), so no evaluation episode is ever trained on. There
+seeds of a million and more (methods/episodes.py), so no evaluation episode is ever trained on. There
 are only 15 secrets, so every secret occurs in training too: what is held out is the episode,
 and what RL must learn is a strategy for every set of numbers still possible.
 
 `where_in_interval` turns a transcript into the picture of the strategy: where each guess falls
 inside the numbers still possible (0 = the lowest, 1 = the highest, 0.5 = binary search).
 
-Try it:  python -c "from mingpt_rlhf.env_guess import *; print(teacher_episode(0))"
+Try it:  python -c "from mingpt_rlhf.methods.env_guess import *; print(teacher_episode(0))"
          python sample.py --ckpt_dir out/guess/grpo --env guess    (docs/multiturn.md)
 """
 from __future__ import annotations
@@ -39,16 +39,16 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from .tokenizer import WordTokenizer
+from ..tokenizer import WordTokenizer
 
 
 # the seeds of training episodes start here, as episodes.HELD_OUT_SEEDS says (a test checks they
-# agree; this module does not import episodes.py, which imports it)
+# agree; this module does not import methods/episodes.py, which imports it)
 TRAINING_SEEDS_FROM = 1_000_000
 
 
 class GuessNumber:
-    """The guessing game, in the environment interface of episodes.py."""
+    """The guessing game, in the environment interface of methods/episodes.py."""
 
     N = 15
     TURNS = 6                       # guesses allowed; binary search needs at most 4
@@ -88,7 +88,7 @@ class GuessNumber:
         """The teacher's demonstrations (data.Transcript): 20,000 training episodes drawn
         from `seed` (seeds of a million and more, like RL's training episodes), or the 500
         held-out episodes of seeds 0..499 (for SFT's eval loss)."""
-        from .data import Transcript
+        from ..data import Transcript
         if split == "eval":
             seeds = range(500)
         else:

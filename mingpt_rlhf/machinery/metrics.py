@@ -4,8 +4,8 @@
   resumes) and the stage's figures, flushed at once so a killed run keeps everything it
   logged. On `--resume` the lines after the checkpoint's step are dropped, so the file reads
   as if the run had never stopped.
-- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.plot`
-  (and `python -m mingpt_rlhf.report`, which reads rollouts.jsonl, rollouts.py's log of
+- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.machinery.plot`
+  (and `python -m mingpt_rlhf.machinery.report`, which reads rollouts.jsonl, machinery/rollouts.py's log of
   JSON lines, the same way; `restart_log` cuts both on `--resume`).
   A run killed while appending (or a full disk) can leave a half-written last line: it is
   dropped with a one-line note, since every line before it is whole. A broken line anywhere

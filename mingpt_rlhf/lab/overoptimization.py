@@ -13,7 +13,7 @@ closed form; no optimiser and no starting guess. The gold of a fitted curve peak
 derivative is 0: at d = alpha / (2 beta) for best-of-n (or at d = 0, if that is negative), at
 d = exp(alpha / beta - 1) for RL.
 
-    from mingpt_rlhf.overoptimization import fit
+    from mingpt_rlhf.lab.overoptimization import fit
     f = fit("rl", d=[0.5, 1, 2, 3], gold=[0.2, 0.35, 0.4, 0.3])
     f["alpha"], f["beta"], f["r2"], f["peak_d"]
 """

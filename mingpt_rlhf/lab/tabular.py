@@ -16,7 +16,7 @@
   pair; IPO's minimiser in closed form.
 
 Everything is float64, and an expectation is a finite sum, so "equal" means equal to
-rounding. gradients.py builds the oracle on it; tests/test_gradients.py checks both.
+rounding. lab/gradients.py builds the oracle on it; tests/test_gradients.py checks both.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 
-from .dpo import dpo_loss, response_logprob_sums
-from .heads import pairwise_loss
+from ..methods.dpo import dpo_loss, response_logprob_sums
+from ..heads import pairwise_loss
 
 PAD, EOS, A, B = 0, 1, 2, 3       # token ids; PAD only fills the columns after a response
 WORDS = (A, B)
@@ -193,7 +193,7 @@ def preference_pairs(world: World):
 
 def preference_loss(table: torch.Tensor, world: World, loss: str = "sigmoid") -> torch.Tensor:
     """The expected DPO (or IPO) loss of the tabular policy over the enumerated preferences,
-    with dpo.py's own loss of each pair and beta = world.beta, from log-probs summed by
+    with methods/dpo.py's own loss of each pair and beta = world.beta, from log-probs summed by
     dpo.response_logprob_sums."""
     sequences, attention_mask, _ = response_batch()
     response_mask = attention_mask.clone()

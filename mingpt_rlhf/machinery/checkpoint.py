@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from .model import load_state_dict_checked
+from ..model import load_state_dict_checked
 
 
 # what each stage's checkpoint holds and which script wrote it (the "stage" key of a checkpoint)
@@ -210,9 +210,9 @@ def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = 
     """The frozen RewardModel (eval mode, dropout off, no gradients) saved in a train_rm.py
     checkpoint already loaded from `path`. Another stage's checkpoint is refused, and so is a
     reward model whose tokenizer differs from `tokenizer` (the policy's, from `policy_from`)."""
-    from .heads import RewardModel
-    from .model import GPTConfig, build_empty
-    from .tokenizer import same_tokenizer, tokenizer_from_state
+    from ..heads import RewardModel
+    from ..model import GPTConfig, build_empty
+    from ..tokenizer import same_tokenizer, tokenizer_from_state
     if ckpt.get("stage") != "rm":
         raise UserError(f"{path} is not a reward model (it holds "
                         f"{describe_stage(ckpt.get('stage'))}); pass the folder train_rm.py wrote")
@@ -242,8 +242,8 @@ def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir", froz
     the weights came from (saved in the next checkpoint). Only the weights are read from the
     checkpoint (it is memory-mapped; its optimizer state stays on disk). `frozen=True` (a
     reference model, no gradients) keeps them as pages of the file instead of copying them."""
-    from .model import GPT, GPTConfig, build_empty
-    from .tokenizer import BPETokenizer, tokenizer_from_state
+    from ..model import GPT, GPTConfig, build_empty
+    from ..tokenizer import BPETokenizer, tokenizer_from_state
     if init_from:
         tokenizer = BPETokenizer.from_pretrained(init_from)
         model = GPT.from_pretrained(init_from, vocab_size=tokenizer.vocab_size)
