@@ -11,10 +11,11 @@ one iteration, small batches, few eval prompts, responses that fit the tiny mode
 so `--reward rm` with one reward model, `--algo ppo`, the separate critic, the KL in the
 reward, and so on. The curves' picture is switched off (MINGPT_RLHF_PLOT=0: it only imports
 matplotlib, after the loop). The run is traced with `sys.settrace`; only frames whose file is
-under mingpt_rlhf/ or is train_ppo.py are recorded (torch, tqdm, the standard library and
-the code that dataclasses and NamedTuple generate are not), and the module-level code that
-imports run is not counted. A function whose every line has run is no longer traced line by
-line (its later calls are still recorded): that keeps the trace to a few seconds.
+under mingpt_rlhf/ (its subfolders too) or is train_ppo.py are recorded (torch, tqdm, the
+standard library and the code that dataclasses and NamedTuple generate are not), and the
+module-level code that imports run is not counted. A function whose every line has run is no
+longer traced line by line (its later calls are still recorded): that keeps the trace to a few
+seconds.
 
 The phases. train_ppo.main's own lines say where the run is:
 - iteration: from the `for` loop of train_ppo.main that calls `.step(` (today `for step in
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import glob
 import inspect
 import json
 import linecache
@@ -412,8 +414,9 @@ def eval_codes(module) -> list:
 
 
 def package_files() -> list[str]:
+    """The package's files (its subpackages' too) and train_ppo.py: the files traced."""
     folder = os.path.join(ROOT, "mingpt_rlhf")
-    return [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py")] + \
+    return glob.glob(os.path.join(folder, "**", "*.py"), recursive=True) + \
         [os.path.join(ROOT, "train_ppo.py")]
 
 

@@ -203,7 +203,7 @@ def project_files() -> tuple[set, set]:
 
 
 CITING = sorted(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "*.md"))
-                + glob.glob(os.path.join(ROOT, "mingpt_rlhf", "*.py"))
+                + glob.glob(os.path.join(ROOT, "mingpt_rlhf", "**", "*.py"), recursive=True)
                 + glob.glob(os.path.join(ROOT, "bench", "*.py")) + glob.glob(os.path.join(ROOT, "docs", "*.md"))
                 + glob.glob(os.path.join(ROOT, "examples", "**", "*.py"), recursive=True))
 # the project's own folders: a path under one of them is a citation of the project's file
@@ -309,6 +309,14 @@ def test_the_overoptimization_summary_is_bench_overoptimization_json():
     assert f"the default PPO run spends {min(ratios):.1f}-{max(ratios):.1f}x the KL" in text
 
 
+# the package's modules by the name a page calls them (`hacking.HackingMonitor`), wherever
+# they live: {"hacking": "mingpt_rlhf.lab.hacking", "ppo": "mingpt_rlhf.ppo", ...}
+MODULES = {os.path.splitext(os.path.basename(p))[0]:
+           os.path.splitext(os.path.relpath(p, ROOT))[0].replace(os.sep, ".")
+           for p in glob.glob(os.path.join(ROOT, "mingpt_rlhf", "**", "*.py"), recursive=True)
+           if not p.endswith("__init__.py")}
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if "peers" not in p],  # peers: trl's names
                          ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_function_and_test_a_page_names_exists(page):
@@ -319,10 +327,9 @@ def test_every_function_and_test_a_page_names_exists(page):
     missing = []
     for m in re.finditer(r"`([a-z_]+)\.([A-Za-z_]+)(?:\.([A-Za-z_]+))?`", text):
         module, name, attr = m.groups()
-        if name in ("py", "jsonl", "js", "css", "json", "safetensors", "md") or \
-                not os.path.exists(os.path.join(ROOT, "mingpt_rlhf", f"{module}.py")):
+        if name in ("py", "jsonl", "js", "css", "json", "safetensors", "md") or module not in MODULES:
             continue
-        found = getattr(importlib.import_module(f"mingpt_rlhf.{module}"), name, None)
+        found = getattr(importlib.import_module(MODULES[module]), name, None)
         if found is None or (attr and getattr(found, attr, None) is None):
             missing.append(m.group(0))
     for m in re.finditer(r"`(test_\w+)\.py::(test_\w+)`", text):

@@ -1,6 +1,7 @@
 """The package is a house without circles: no module imports, directly or through others, a
 module that imports it back (imports inside functions included). Lower modules (model,
-packing, errors) never reach up to higher ones (checkpoint, ppo_trainer, the scripts)."""
+packing, errors) never reach up to higher ones (checkpoint, ppo_trainer, the scripts). Every
+module is checked, those of methods/, lab/ and machinery/ too."""
 import ast
 import glob
 import os
@@ -8,20 +9,40 @@ import os
 from test_scripts import ROOT
 
 
+def module_name(path: str) -> str:
+    """'mingpt_rlhf/lab/gradients.py' -> 'lab.gradients'; a subpackage's __init__.py -> 'lab'."""
+    rel = os.path.relpath(path, os.path.join(ROOT, "mingpt_rlhf"))
+    parts = os.path.splitext(rel)[0].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imports_of_each_module() -> dict:
+    """{module: the package's modules it imports}, every module named from the package's
+    folder down ('model', 'machinery.checkpoint'), relative imports resolved."""
     graph = {}
-    for path in glob.glob(os.path.join(ROOT, "mingpt_rlhf", "*.py")):
-        name = os.path.splitext(os.path.basename(path))[0]
+    paths = glob.glob(os.path.join(ROOT, "mingpt_rlhf", "**", "*.py"), recursive=True)
+    modules = {module_name(p) for p in paths}
+    for path in paths:
+        name = module_name(path)
+        package = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
         deps = set()
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if isinstance(node, ast.ImportFrom):
                 module = node.module or ""
-                if node.level == 1 or module.startswith("mingpt_rlhf"):
-                    parts = module.split(".")[1:] if module.startswith("mingpt_rlhf") else module.split(".")
-                    deps.update([parts[0]] if parts and parts[0] else [a.name for a in node.names])
+                if node.level:
+                    base = package[:len(package) - (node.level - 1)]
+                    module = ".".join(base + ([module] if module else []))
+                elif module.startswith("mingpt_rlhf"):
+                    module = module[len("mingpt_rlhf."):]
+                else:
+                    continue
+                # `from .lab import hacking` imports the module lab.hacking, not only lab
+                found = [f"{module}.{a.name}" if module else a.name for a in node.names]
+                deps.update(m for m in found if m in modules)
+                deps.update([module] if module in modules and not any(m in modules for m in found) else [])
             elif isinstance(node, ast.Import):
-                deps.update(a.name.split(".")[1] for a in node.names if a.name.startswith("mingpt_rlhf."))
-        graph[name] = deps - {name}
+                deps.update(a.name[len("mingpt_rlhf."):] for a in node.names if a.name.startswith("mingpt_rlhf."))
+        graph[name] = deps - {name, ""}
     return graph
 
 
@@ -42,7 +63,9 @@ def circles(graph: dict) -> list:
 
 def test_no_module_imports_one_that_imports_it_back():
     graph = imports_of_each_module()
-    assert {"model", "checkpoint", "ppo_trainer", "heads", "pretrained"} <= set(graph)
+    assert {"model", "machinery.checkpoint", "ppo_trainer", "heads", "machinery.pretrained",
+            "methods.episodes", "lab.gradients"} <= set(graph)
+    assert "machinery.errors" in graph["model"] and "model" in graph["machinery.checkpoint"]
     assert circles(graph) == []
 
 
