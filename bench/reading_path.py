@@ -47,7 +47,8 @@ statements, `assert` statements, and every block (an `if` / `elif` / `else` body
 
 Writes --json (bench/results/reading_path.json): per function {file, function, first_line,
 phase, lines, ran_lines, unrun_lines: [[line, text], ...]}, per phase and per file the
-totals, the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
+totals, per phase the lines of each part of the tree ("parts": the recipe, which is
+train_ppo.py and the top of mingpt_rlhf/, then methods/, lab/ and machinery/), the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
 runs the same trace and holds the iteration's total under a budget that only goes down.
 """
 from __future__ import annotations
@@ -358,7 +359,20 @@ def report(tracer: Tracer) -> dict:
     for phase in PHASES:
         running += phases[phase]["lines"]
         phases[phase]["lines_with_earlier_phases"] = running
+    for phase in PHASES:  # the lines of each part of the tree (part_of)
+        parts = {}
+        for name, f in files.get(phase, {}).items():
+            parts[part_of(name)] = parts.get(part_of(name), 0) + f["lines"]
+        phases[phase]["parts"] = dict(sorted(parts.items()))
     return {"functions": rows, "phases": phases, "files": files}
+
+
+def part_of(name: str) -> str:
+    """The part of the tree a file (relative to the repository) belongs to: "recipe" for
+    train_ppo.py and the top of mingpt_rlhf/, else its folder there (methods, lab,
+    machinery)."""
+    parts = name.split("/")
+    return parts[1] if parts[0] == "mingpt_rlhf" and len(parts) > 2 else "recipe"
 
 
 def unrun_blocks(row: dict) -> list[list]:
@@ -462,6 +476,7 @@ def print_table(result: dict, top: int = 12) -> None:
           f"{it['lines']} lines = {it['function_lines']} in {it['functions']} functions + "
           f"{it['docstring_lines']} of {it['new_files']} module docstrings; "
           f"{it['unrun_lines']} of those lines never ran")
+    print("by part of the tree: " + ", ".join(f"{k} {v}" for k, v in it["parts"].items()))
     for name, f in sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"]):
         print(f"\n{name:44s} {f['lines']:5d} lines ({f['docstring_lines']} docstring), "
               f"{f['functions']} functions, {f['unrun_lines']} unrun")

@@ -27,6 +27,12 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     assert ("mingpt_rlhf/machinery/rl_options.py", "check_config") in listed["set-up"]
     assert ("mingpt_rlhf/machinery/rollouts.py", "RolloutRecorder.record") in listed["eval"]
     assert ("mingpt_rlhf/machinery/checkpoint.py", "save_checkpoint") in listed["end"]
+    # no other method on the default path; from the lab only the reward-hacking monitor,
+    # which the run's watcher calls (machinery/watch.py: one named call)
+    on_path = set(result["files"]["iteration"])
+    assert not {f for f in on_path if f.startswith("mingpt_rlhf/methods/")}, on_path
+    assert {f for f in on_path if f.startswith("mingpt_rlhf/lab/")} <= {"mingpt_rlhf/lab/hacking.py"}
+    assert set(result["phases"]["iteration"]["parts"]) <= {"recipe", "machinery", "lab"}
     lines = result["phases"]["iteration"]["lines"]
     by_file = sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"])
     files = ", ".join(f"{name} {f['lines']}" for name, f in by_file)
