@@ -3,39 +3,14 @@
     actor  = SFT weights (trained)           reference = SFT weights (frozen)
     critic = RM weights, per-token head       reward    = RM, normalised (frozen)
 
-Each iteration: sample responses to a batch of prompts -> score them -> rewards with a KL
-penalty to the reference -> GAE -> ppo_epochs x minibatches of clipped policy and value
-losses (+ ptx_coef x LM loss on demonstrations), stopping early if approx-KL passes
-target_kl -> adapt the KL coefficient.
-The steps themselves live in mingpt_rlhf/ppo.py (math) and ppo_trainer.py (the iteration).
+`main` is the loop: each iteration samples responses, scores them, learns from them
+(mingpt_rlhf/ppo_trainer.py), logs, and now and then evaluates and saves. `set_up` builds the
+models and whatever variant a run asks for; `finish` writes the summary and the report.
 
     python train_ppo.py                         # built-in task, from out/sft and out/rm
-    python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
-    python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
-    python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
-    python train_ppo.py --rm_dir out/rm_ensemble --ensemble_combine wco   # an ensemble's minimum
-    torchrun --standalone --nproc_per_node 2 train_ppo.py   # 2 GPUs or CPU processes share each batch
+    python train_ppo.py --help                  # every option, the recipe's first
 
-    python train_ppo.py --algo grpo --reward task          # no reward model: the task's own check
-    python train_ppo.py --task sort --sft_dir out/sort/sft --algo grpo --reward task
-    python train_ppo.py --reward my_reward.py:score       # your function(prompts, responses)
-    python train_ppo.py --sft_dir out/arith/sft --prompts examples/arithmetic/prompts.jsonl \
-        --algo grpo --reward examples/arithmetic/reward.py:exact   # a reference answer per prompt
-    python train_ppo.py --env guess --algo grpo --max_new_tokens 3 --sft_dir out/guess/sft \
-        --out_dir out/guess/grpo    # episodes with an environment (docs/multiturn.md)
-
-Writes out_dir/ckpt.pt and out_dir/metrics.jsonl (rm_score, or reward without an RM, gold, kl, kl_coef, entropy,
-pg_loss, vf_loss, ptx_loss, clipfrac, approx_kl, explained_var, resp_len, eos_rate,
-minibatch_steps, early_stop_kl, t_generate, t_score, t_learn; grpo / rloo: zero_groups; with
---dynamic_sampling: dropped_groups, rollouts, kept_rows; with --sampler_lag or --offpolicy:
-mismatch_kl, mismatch_abs, is_cut; with an ensemble of reward models: ens_std; with
---heldout_rm_dir: heldout_gap; the reward-hacking signals signal_* and hacking_warning
-(mingpt_rlhf/lab/hacking.py); eval lines with gold,
-rm_score, well_formed, kl, distinct2, and on the sort task gold_unseen; with --env: turns and
-the environment's figures, eval lines reward, kl, turns, done_rate and its figures), and
-out_dir/rollouts.jsonl (--record_rollouts held-out responses at each eval, every token's
-log-probs, value, advantage, reward and entropy: mingpt_rlhf/machinery/rollouts.py) and report.html (the
-run's curves and those tokens in one page: python -m mingpt_rlhf.machinery.report).
+Writes out_dir/ckpt.pt, metrics.jsonl, rollouts.jsonl, report.html (docs/scripts.md).
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """The reward model (one score per sequence), the critic (one value per token), the pairwise loss.
 
-Both are the GPT trunk with a `Linear(n_embd, 1)` head on its final hidden states, so they
-share one layout of parameters (`gpt.*`, `head.*`): a reward-model checkpoint loads straight
-into a critic, which is how InstructGPT initialises its value function.
-
-- `RewardModel`: reads the head at the **last real token** of each sequence (the EOS of the
-  response), whether the batch is padded on the left or on the right. Reading it at a pad
-  position is a classic bug: the score of a padded row would depend on its padding. After training, a gain and a
-  bias normalise its scores to mean 0, std 1 on the SFT policy's samples (lm-human-preferences
-  does the same), so the PPO reward starts on a known scale.
-- `Critic`: reads the head at every position; PPO uses the values at response positions.
-- `pairwise_loss`: InstructGPT's `-log sigmoid(r_chosen - r_rejected)`, computed with
-  `logsigmoid`, which stays finite where `log(sigmoid(x))` underflows to log(0).
+Both are the GPT trunk with a `Linear(n_embd, 1)` head, one layout of parameters (`gpt.*`,
+`head.*`): a reward-model checkpoint loads straight into a critic, as InstructGPT initialises
+its value function. `RewardModel` reads the head at the **last real token** of each sequence,
+however it is padded (read at a pad, a row's score would depend on its padding), and a gain and
+a bias normalise its scores to mean 0, std 1 on the SFT policy's samples. `Critic` reads the
+head at every position. `pairwise_loss`: InstructGPT's `-log sigmoid(r_chosen - r_rejected)`.
 """
 from __future__ import annotations
 
@@ -130,5 +124,6 @@ class Critic(ScalarHeadModel):
 
 
 def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: float = 0.0):
-    """Mean of -log sigmoid(r_chosen - r_rejected - margin) over (B,) scores."""
+    """Mean of -log sigmoid(r_chosen - r_rejected - margin) over (B,) scores (`logsigmoid`
+    stays finite where log(sigmoid(x)) underflows to log(0))."""
     return -F.logsigmoid(chosen - rejected - margin).mean()

@@ -1,26 +1,12 @@
 """Log-probabilities of the tokens a model wrote, at any vocabulary size, in little memory.
 
-Every stage needs log p(token) at some positions: PPO for each response token (actor and
-reference), SFT and ptx for each target token, DPO for each token of chosen and rejected.
-With the reviews task's 48-id vocabulary the logits are small; with GPT-2's 50,257 ids they are not: one
-rollout batch of 32 x 320 positions has 515 M float32 logits (2 GB), and log_softmax, exp
-and the entropy each make another tensor that size, kept for the backward pass.
-
-So the output layer is applied here, to the positions that score something only, in chunks:
-- **only where used**: callers pass the hidden states of the positions that predict a
-  token (the response, the targets), never the prompt's;
-- **in chunks of rows**, each turned into (rows, V) float32 logits, reduced to one log-prob
-  (and one entropy) per row, and dropped before the next chunk;
-- **recomputed in backward** (`torch.utils.checkpoint`) when gradients are needed and there
-  is more than one chunk: autograd then keeps the (rows, C) hidden states, not the
-  (rows, V) log-softmax. Costs one more output-layer matmul per chunk.
-- **float32** logits and log-softmax, even under bf16 autocast (`GPT.logits`).
-
-`token_logprobs(logits, tokens)` is the plain version for logits already computed; the tests
-check the chunked one against it.
+The output layer is applied here, only at the positions that score a token, in chunks of rows
+whose (rows, V) float32 logits are reduced to one log-prob (and entropy) each and dropped,
+recomputed in backward when there is more than one chunk (docs/speed.md, "Log-probs at a large
+vocabulary"). `token_logprobs(logits, tokens)` is the plain version the tests compare with.
 
 The logit at position t predicts the token at t + 1: callers pass `hidden[:, T-1:-1]` for the
-response `sequences[:, T:]` (the classic off-by-one of RLHF is here; see ppo.py).
+response `sequences[:, T:]` (the classic off-by-one of RLHF; docs/details.md, item 1).
 """
 from __future__ import annotations
 
@@ -82,16 +68,22 @@ def lm_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, temperature: 
     rows = max(1, chunk_elements // model.config.vocab_size)
     if h.size(0) <= rows:  # one chunk: nothing to gain from recomputing it
         taken, ent = _chunk(model, h, t, temperature, suppress, entropy)
-    else:
-        recompute = torch.is_grad_enabled() and h.requires_grad
-        parts = []
-        for i in range(0, h.size(0), rows):
-            args = (model, h[i:i + rows], t[i:i + rows], temperature, suppress, entropy)
-            parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute
-                         else _chunk(*args))
-        taken = torch.cat([p[0] for p in parts])
-        ent = torch.cat([p[1] for p in parts]) if entropy is not None else None
+    else:  # a large vocabulary (GPT-2's)
+        taken, ent = _in_chunks(model, h, t, temperature, suppress, entropy, rows)
     return taken.view(shape), (ent.view(shape) if ent is not None else None)
+
+
+def _in_chunks(model, h, t, temperature, suppress, entropy, rows):
+    """`_chunk` over `rows` rows of (M, C) hidden states at a time, each recomputed in
+    backward when gradients are needed (docs/speed.md, "Log-probs at a large vocabulary")."""
+    recompute = torch.is_grad_enabled() and h.requires_grad
+    parts = []
+    for i in range(0, h.size(0), rows):
+        args = (model, h[i:i + rows], t[i:i + rows], temperature, suppress, entropy)
+        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute
+                     else _chunk(*args))
+    taken = torch.cat([p[0] for p in parts])
+    return taken, (torch.cat([p[1] for p in parts]) if entropy is not None else None)
 
 
 def sequence_logprobs(model, sequences: torch.Tensor, attention_mask: torch.Tensor, start: int,

@@ -1,34 +1,15 @@
 """Every way the trainer turns a rollout into a loss, by name: one table per role.
 
-The PPO family (PPO, GRPO, Dr. GRPO, RLOO, REINFORCE++ and their refinements) differs in a
-few choices, each one a role with a table of interchangeable entries of one signature:
+The PPO family differs in a few choices, each a role with a table of interchangeable entries
+of one signature: ADVANTAGES (where the baseline comes from), POLICY_LOSSES (the surrogate),
+REDUCTIONS (how token losses become one number), LEARN_TOKENS (which tokens learn),
+KL_ESTIMATORS and KL_PLACEMENTS (which estimate of the KL, in the reward or in the loss).
+PPO's entries: gae, token, token, all, k1 in the reward. Each table's comment gives its
+signature; docs/fork_it.md lists every entry and how to add one.
 
-- ADVANTAGES    where the baseline comes from: gae (a critic, PPO), reinforce++ (returns
-                whitened over the batch), grpo / dr_grpo / rloo (the other responses of a
-                group); preference (online DPO: +1 for a group's best, -1 for its worst). f(rewards (B, N), values (B, N), action_mask, spec, all_ranks)
-                -> (advantages (B, N), returns (B, N)); `rewards` are per token, the score
-                on the last action and, with the KL in the reward, the KL penalty on each.
-- POLICY_LOSSES the surrogate: token (PPO's clipped ratio per token, clip-higher included),
-                sequence (GSPO's one ratio per response) or dpo (online DPO's loss on pairs,
-                methods/online_dpo.py). f(logprobs, old_logprobs, ref_logprobs, advantages,
-                action_mask, spec, budget, tokens) -> (loss, clipfrac).
-- REDUCTIONS    how per-token losses become one number: token, sequence, budget (ppo.py).
-- LEARN_TOKENS  which tokens learn: all, or top_entropy (the batch's highest-entropy share):
-                f(entropy, action_mask, spec, for_update) -> (B, N) 0 / 1 (or 1: every token).
-- KL_ESTIMATORS a per-token estimate of KL(pi || ref) from samples of pi, f(logprobs,
-                ref_logprobs) -> (B, N): k1 = log pi - log ref, k2 = (log pi - log ref)^2 / 2,
-                k3 = e^(ref - logp) - (ref - logp) - 1 (Schulman, "Approximating KL
-                divergence"). Each goes either way of KL_PLACEMENTS: in the reward (a penalty
-                per token, detached, that reaches the policy through the advantages) or in
-                the loss (differentiated directly, reduced like the surrogate); online DPO
-                takes neither ("none": its KL is DPO's beta, inside its loss).
-
-What each combination's gradient follows in expectation is not always what its name says
-(k1 in the loss has no KL gradient at all, k3 in the loss follows another divergence): the
-gradient oracle (lab/gradients.py) computes it exactly for a row of every entry. The trainer
-makes one call per role through the two functions below, which the oracle calls too:
-`experience_advantages` when a rollout is scored, `actor_loss` for each minibatch. A new
-entry in a table needs a row in the oracle (tests/test_gradients.py checks).
+The trainer makes one call per role through the two functions at the end, which the gradient
+oracle (lab/gradients.py) calls too: `experience_advantages` when a rollout is scored,
+`actor_loss` for each minibatch. A new entry needs a row in the oracle (tests/test_gradients.py).
 """
 from __future__ import annotations
 
@@ -303,14 +284,10 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
                           kl_coef: float, for_update: bool = True, weights=None, entropy=None):
     """(rewards, advantages, returns), each (B, N), of a scored rollout batch.
 
-    placed: (B, N) the rewards where they land (the score on the last action); logprobs,
-    ref_logprobs, values: (B, N) at sampling time. With the KL in the reward, kl_coef x the
-    estimator's value is taken off every token's reward. `for_update` False: an eval batch,
-    whose rows are no groups (a group estimator gives it advantages 0) and are whitened on
-    this process alone. `weights` (B, N): truncated importance weights that multiply the
-    advantages (the same as weighing each token's clipped surrogate: they are >= 0); so does
-    LEARN_TOKENS's choice, from the rollout's `entropy` (B, N). For a group estimator the
-    rewards kept are each response's total, on every one of its tokens."""
+    placed: (B, N) the rewards where they land; logprobs, ref_logprobs, values: (B, N) at
+    sampling time. The KL placement shapes the rewards, the advantage entry turns them into
+    advantages, then `weights` (an off-policy correction's, >= 0) and LEARN_TOKENS's choice
+    (from `entropy`) multiply them. `for_update` False: an eval batch (no groups)."""
     rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec,
                                            kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
@@ -325,11 +302,9 @@ def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action
                spec: LossSpec, kl_coef: float, budget: int, tokens=None, start_logprobs=None):
     """(loss, figures) of one minibatch: the surrogate, minus the entropy bonus, plus kl_coef x
     the KL estimate when the KL is in the loss. logprobs, entropy: (B, N) of the policy
-    learning, with gradients; the rest as stored at sampling time. `tokens`: see
-    `distributed.tokens_per_rank`. `start_logprobs`: the learner's log-probs as the update
-    started (Experience.start_logprobs; default `old_logprobs`), which approx-KL is taken
-    against. figures: pg_loss, clipfrac, approx_kl, policy_entropy and kl_loss (with the KL
-    in the loss), as tensors."""
+    learning, with gradients; the rest as stored at sampling time. `start_logprobs`: where the
+    update started (default `old_logprobs`), which approx-KL is taken against. figures:
+    pg_loss, clipfrac, approx_kl, policy_entropy (and kl_loss), as tensors."""
     # past EOS the response is PAD, whose log-prob is the most negative float: keep it out of
     # every sum (0 * -3e38 is fine, exp(3e38) * 0 is not)
     logprobs = torch.where(action_mask.bool(), logprobs, 0.0)

@@ -7,17 +7,8 @@ gradient accumulation, clipping, and loss scaling for float16.
         opt.backward(loss / grad_accum)                      # gradients add up
     opt.step()                                               # clip, step, zero the gradients
 
-- **Groups.** Each parameter group keeps its own peak learning rate (`peak_lr`), so a value
-  head can learn at `--critic_lr` beside an actor at `--actor_lr` in one optimizer, and one
-  schedule scales both.
-- **float16** has 5 exponent bits: gradients below ~6e-8 become 0. A `GradScaler` multiplies
-  the loss by a large factor before backward, divides the gradients by it before clipping and
-  stepping, and skips a step whose gradients overflowed (then lowers the factor); `skipped`
-  counts those steps. The first few, at the initial factor of 65536, are expected. bf16 has
-  float32's exponent range and needs none of this; neither does float32.
-- **Several processes** (torchrun): the gradients are averaged over them before clipping,
-  so every copy of the model takes the same step (machinery/distributed.py).
-- **fused AdamW** on CPU and CUDA: one kernel for all parameters instead of ~10 small ops each.
+Why each piece (groups, float16's scaler, torchrun's averaging, fused AdamW): docs/speed.md,
+"The optimizer step".
 """
 from __future__ import annotations
 
@@ -51,22 +42,28 @@ class Optimizer:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def step(self) -> bool:
-        """Average the gradients over the ranks (under torchrun), unscale (float16), clip,
-        step, and zero the gradients. False when float16's overflow check skipped the step."""
+        """Average the gradients over the ranks (under torchrun), clip, step, and zero the
+        gradients. False when float16's loss scaler skipped the step (`_scaled_step`)."""
         average_gradients(self.params)  # every rank takes the same step (machinery/distributed.py)
         if self.scaler is not None:
-            self.scaler.unscale_(self.adamw)  # clip the true gradients, not the scaled ones
+            return self._scaled_step()
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.adamw)  # skipped when a gradient is inf or NaN ...
-            self.scaler.update()
-            overflowed = self.scaler.get_scale() < scale  # ... and then the scale is lowered
-            self.skipped += overflowed
-        else:
-            self.adamw.step()
-            overflowed = False
+        self.adamw.step()
+        self.adamw.zero_grad(set_to_none=True)
+        return True
+
+    def _scaled_step(self) -> bool:
+        """`step` in float16: unscale, clip, then a step the scaler skips when a gradient is
+        inf or NaN (it then lowers the scale, and `skipped` counts the step)."""
+        self.scaler.unscale_(self.adamw)  # clip the true gradients, not the scaled ones
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.adamw)
+        self.scaler.update()
+        overflowed = self.scaler.get_scale() < scale
+        self.skipped += overflowed
         self.adamw.zero_grad(set_to_none=True)
         return not overflowed
 

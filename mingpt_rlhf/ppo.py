@@ -4,26 +4,20 @@ An episode is one response: the state is prompt + tokens so far, an action is th
 Everything below works on response-aligned tensors of shape (B, N): column i is the i-th
 generated token, and `action_mask` (B, N) is 1 up to and including its EOS, 0 after it.
 
-1. Log-probs of each taken token (`logprobs.py`). The logit at position t predicts token
-   t + 1, so the response tokens (columns T..T+N-1 of the sequence) are scored by the logits
-   at columns T-1..T+N-2. Getting this shift wrong is the classic RLHF bug.
+1. Log-probs of each taken token (`logprobs.py`): the logit at position t predicts token t + 1,
+   so the response (columns T..T+N-1) is scored by the logits at T-1..T+N-2.
 2. `kl_shaped_rewards`: r_t = -beta * (logp_t - ref_logp_t) on every response token (the k1
-   estimate of KL to the reference policy: one token's, or one response's sum, can be
-   negative; only its expectation under the policy is the KL, >= 0), plus the reward model's
-   score on the last real token (Ziegler et al. 2019; InstructGPT).
-3. `gae`: generalised advantage estimation (Schulman et al. 2016), a reversed loop:
-   delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1},
-   with V and A equal to 0 past the last real token; returns = A + V. In a multi-turn
-   episode (methods/episodes.py) t + 1 is the next *action*: the environment's tokens are skipped.
-4. `ReplayBuffer`: the experiences of one or more rollout batches, reshuffled into
-   minibatches every epoch and cleared after the update (PPO is on-policy).
+   estimate of the KL to the reference: only its expectation is >= 0), plus the reward
+   model's score on the last real token (Ziegler et al. 2019; InstructGPT).
+3. `gae` (Schulman et al. 2016), a reversed loop: delta_t = r_t + gamma * V_{t+1} - V_t,
+   A_t = delta_t + gamma * lam * A_{t+1}, 0 past the last real token; returns = A + V.
+4. `ReplayBuffer`: the rollouts, reshuffled into minibatches every epoch, cleared after the
+   update (PPO is on-policy).
 5. `policy_loss`: max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)), masked mean.
    `value_loss`: 0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2), masked mean.
-6. `AdaptiveKLController`: log beta += clip(log(KL / target), -0.2, 1) / horizon per update
-   (Ziegler et al.'s rule moved into log space and made asymmetric; the class says why).
+6. `AdaptiveKLController`: log beta += clip(log(KL / target), -0.2, 1) / horizon per update.
 
-Every function here is checked against a hand computation or a plain reference in
-tests/test_ppo.py. The loop that strings them together is in `ppo_trainer.py`.
+Each is checked against a hand computation in tests/test_ppo.py; ppo_trainer.py strings them.
 """
 from __future__ import annotations
 
@@ -49,9 +43,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None, tokens=None) -> t
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
                   all_ranks: bool = False) -> torch.Tensor:
     """(x - mean) / std over the real positions; padding stays 0. eps keeps a tiny std finite.
-    `all_ranks` (torchrun): mean and std of the whole batch, from sums (of x, then of squared
-    deviations) and counts added over the processes; a per-process mean would whiten each
-    share of the batch on its own scale."""
+    `all_ranks` (torchrun): the mean and std of the whole batch, from sums over the processes."""
     total = all_sum if all_ranks else (lambda t: t)
     count = total(mask.sum()).clamp(min=1)
     mean = total((x * mask).sum()) / count
@@ -103,16 +95,10 @@ class Experience:
         acted = self.action_mask.any(0).nonzero()
         n = int(acted[-1]) + 1 if len(acted) else self.action_mask.size(1)
         end = self.prompt_len + n
-        parts = {}
-        for f in fields(self):
-            x = getattr(self, f.name)
-            if f.name in ("sequences", "attention_mask"):
-                parts[f.name] = x[:, left:end]
-            elif x.dim() == 2:
-                parts[f.name] = x[:, :n]
-            else:
-                parts[f.name] = x
-        return Experience(**parts)
+
+        def cut(name, x):  # (B, T + N) keeps columns left..end, (B, N) the first n, (B,) all
+            return x[:, left:end] if name in ("sequences", "attention_mask") else x[:, :n] if x.dim() == 2 else x
+        return Experience(**{f.name: cut(f.name, getattr(self, f.name)) for f in fields(self)})
 
 
 def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
@@ -137,9 +123,8 @@ def align_and_cat(batches: list[Experience], pad_id: int) -> Experience:
 def kl_shaped_rewards(scores, logprobs, ref_logprobs, action_mask, kl_coef: float,
                       estimator=None):
     """(B, N) rewards: -kl_coef * (logp - ref_logp) per token, + score on the last real token.
-    `scores` (B,), or (B, N) rewards already placed (an episode's, on each turn's last action).
-    `estimator(logprobs, ref_logprobs) -> (B, N)`: another per-token estimate of the KL to
-    charge instead of k1's logp - ref_logp (losses.KL_ESTIMATORS)."""
+    `scores` (B,), or (B, N) rewards already placed (an episode's). `estimator(logprobs,
+    ref_logprobs) -> (B, N)` charges another estimate of the KL (losses.KL_ESTIMATORS)."""
     kl = logprobs - ref_logprobs if estimator is None else estimator(logprobs, ref_logprobs)
     rewards = -kl_coef * kl * action_mask
     if scores.dim() == 2:
@@ -158,13 +143,8 @@ def penalize_missing_eos(scores, ended, lengths, cfg):
 def gae(rewards, values, action_mask, gamma: float = 1.0, lam: float = 0.95):
     """(advantages, returns), both (B, N), 0 wherever `action_mask` is 0.
 
-    Positions where the mask is 0 are not steps of the episode: padding after the last
-    action, and in a multi-turn episode the environment's tokens between two turns (the holes
-    of methods/episodes.py). The loop steps over them: the value and advantage carried back from the
-    next action pass through unchanged, so a turn's last action bootstraps from the next
-    turn's first action, and the last action of all bootstraps from V = 0 (the episode ends
-    there). GAE over a sequence with holes equals GAE over the same sequence with the holes
-    cut out (tests/test_episodes.py)."""
+    The loop steps over masked positions: padding after the last action (and an environment's
+    tokens between two turns: methods/episodes.py), so the last action bootstraps from V = 0."""
     acted = action_mask.bool()
     rewards, values = rewards * action_mask, values * action_mask
     N = rewards.size(1)
@@ -200,9 +180,8 @@ class ReplayBuffer:
 
     def minibatches(self, size: int, generator: torch.Generator | None = None, unit: int = 1):
         """One epoch: every item exactly once, in a fresh random order (the last minibatch is
-        smaller when `size` does not divide the number of items). `unit` > 1 shuffles runs of
-        that many consecutive items that stay together (online DPO's pairs). An empty buffer
-        yields none."""
+        smaller when `size` does not divide the number of items). `unit` > 1 keeps runs of that
+        many consecutive items together."""
         if len(self) == 0:
             return
         if self.items is None:
@@ -244,13 +223,9 @@ REDUCTIONS = {"token": _token_mean, "sequence": _sequence_mean, "budget": _budge
 
 def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None, tokens=None):
     """One scalar from per-token losses (B, N), over real tokens only (`REDUCTIONS[how]`):
-    - "token":    mean over every real token of the minibatch (our PPO; DAPO), dividing by
-                  `tokens` when given (`distributed.tokens_per_rank`: the whole minibatch's mean under torchrun);
-    - "sequence": mean over each response's tokens, then over responses (GRPO): a token of a
-                  short response weighs more than one of a long response;
-    - "budget":   sum over each response's tokens / `budget` (the generation budget), mean over
-                  responses (Dr. GRPO, RLOO): every token weighs the same, whatever the length.
-    """
+    "token" is PPO's mean over every real token of the minibatch, dividing by `tokens` when given
+    (`distributed.tokens_per_rank`); "sequence" and "budget" are GRPO's and Dr. GRPO's
+    (docs/fork_it.md, "The roles")."""
     if how not in REDUCTIONS:
         raise ValueError(f"unknown reduction {how!r}")
     return REDUCTIONS[how](x, action_mask, budget, tokens)
@@ -259,10 +234,9 @@ def reduce_tokens(x, action_mask, how: str = "token", budget: int | None = None,
 def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: float = 0.2,
                 how: str = "token", budget: int | None = None, tokens=None,
                 clip_high: float | None = None):
-    """Clipped surrogate loss (reduced over tokens as `reduce_tokens(how)`) and clipfrac, the
-    share of tokens whose clipped branch was taken (a masked mean). `tokens`: see
-    `distributed.tokens_per_rank`. `clip_high`: the upper clip 1 + clip_high instead of
-    1 + clip_range (DAPO's clip-higher, lab/refinements.py)."""
+    """Clipped surrogate loss (reduced as `reduce_tokens(how)`) and clipfrac, the share of
+    tokens whose clipped branch was taken. `clip_high`: an upper clip of 1 + clip_high
+    (DAPO's clip-higher) instead of 1 + clip_range."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     high = clip_range if clip_high is None else clip_high
@@ -276,24 +250,17 @@ def policy_loss(logprobs, old_logprobs, advantages, action_mask, clip_range: flo
 
 def approx_kl(logprobs, start_logprobs, action_mask, tokens=None) -> torch.Tensor:
     """How far an update has moved the policy from where it started, per token: the k3
-    estimate (r - 1) - log r of KL(start || now), r = pi / pi_start, unbiased and >= 0
-    (Schulman's "approximating KL"), a mean over real tokens (`tokens`: see
-    `distributed.tokens_per_rank`, so that slices and processes give the whole minibatch's
-    mean). The early stop on --target_kl reads it. No gradient."""
+    estimate (r - 1) - log r of KL(start || now), r = pi / pi_start, >= 0, a mean over real
+    tokens. The early stop on --target_kl reads it. No gradient."""
     with torch.no_grad():
         log_ratio = torch.where(action_mask.bool(), logprobs - start_logprobs, 0.0)
         return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, action_mask, tokens=tokens)
 
 
 def value_loss(values, old_values, returns, action_mask, clip_range: float = 0.2, tokens=None):
-    """Clipped value loss, a mean over real tokens (`tokens`: see `distributed.tokens_per_rank`).
-
-    Not a bound on how far a value moves: the max keeps the larger of the two squared errors,
-    and the clipped one is flat in `values` once they are more than clip_range from
-    `old_values`. So a value that has moved more than clip_range in the direction that shrinks
-    its error gets no more push from this loss, while one whose unclipped error is the larger
-    (it moved away from its return) keeps that error's gradient; and shared weights can carry
-    any value further. PPO's policy clip works the same way on the ratio."""
+    """Clipped value loss, a mean over real tokens: 0.5 * max((V - R)^2, (clip(V) - R)^2),
+    V clipped to within clip_range of the old values. Not a bound on how far a value moves:
+    docs/details.md, item 10."""
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     loss = torch.max((values - returns) ** 2, (clipped - returns) ** 2)
     return 0.5 * masked_mean(loss, action_mask, tokens=tokens)

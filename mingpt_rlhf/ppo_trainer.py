@@ -6,28 +6,12 @@
                      -> clipped policy loss (+ ptx, - entropy bonus) -> clipped value loss
                      -> early stop when a minibatch's approx-KL passes target_kl
 
-Four models (docs/methods.md): the actor (trained), the reference (frozen SFT), the reward
-function (frozen RM, given as `reward_fn`), and the critic: `separate` (its own trunk,
-InstructGPT / DeepSpeed-Chat) or `shared` (a value head on the actor's trunk, trl: one forward
-pass gives logits and values, and the loss is policy + vf_coef * value).
-
-The loss math is losses.py's, one call per role (`experience_advantages` when a rollout is
-scored, `actor_loss` for each minibatch: the calls the gradient oracle checks). The other
-methods (GRPO, RLOO, online DPO, a lagging sampler, episodes) are entries that `__init__`
-chooses once (docs/methods.md, "Where a variant plugs in"); the iteration never asks which.
-
-All models run with dropout off, so on the first minibatch of the first epoch the new
-log-probs equal the stored ones up to float rounding: ratio 1 and approx-KL 0 to rounding,
-about 1e-7 in float32. That is PPO's first sanity check. The same `temperature` divides the
-logits when sampling and when computing log-probs, and PAD is excluded from both, or the
-stored log-probs would not be those of the policy that sampled ("negative KL"). In float32
-the sampler's own log-probs (and a shared critic's values) are kept as the old policy's, and
-no second pass of the actor computes them again; under autocast the two round apart, so a
-scoring pass computes them (docs/methods.md, "Why the ratio is still right").
-
-Two random generators, because they live on different devices: `sample_gen` draws the tokens
-(on the model's device), `shuffle_gen` orders the minibatches and picks the ptx batches (on
-the CPU: `randperm` and `randint` refuse a CUDA generator).
+The formulas are ppo.py's and losses.py's (one call per role). Every other method, and the
+machinery a run may add (slices, a lagging sampler, episodes), is chosen once in `__init__`:
+the iteration never asks which (docs/methods.md, "Where a variant plugs in"). Two random
+generators, as they live on different devices: `sample_gen` draws tokens on the model's,
+`shuffle_gen` orders the minibatches on the CPU. Why the sampler's log-probs serve as the
+old policy's in float32: docs/methods.md, "Why the ratio is still right".
 """
 from __future__ import annotations
 
@@ -58,9 +42,8 @@ def trainable(module) -> list:
 
 
 class CurrentWeights:
-    """The sampler of every rollout is the actor as it is (PPO is on-policy): nothing to swap
-    in, nothing to keep. offpolicy.SamplerQueue, a sampler some updates behind, takes its place
-    with --sampler_lag (the same calls)."""
+    """The sampler of every rollout is the actor as it is (PPO is on-policy). A lagging
+    sampler (offpolicy.SamplerQueue, --sampler_lag) takes its place with the same calls."""
 
     def sampling(self, actor, for_update: bool):
         return contextlib.nullcontext()
@@ -76,10 +59,8 @@ class CurrentWeights:
 
 
 def same_policy(learner, sampler, action_mask):
-    """(Correction, figures) where the sampler's log-probs are the learner's (float32
-    without a lag: they are reused) or were not kept (low precision with no correction asked
-    for): the ratio against the learner's own, no weight, nothing to measure. A run with a
-    separate sampler corrects with offpolicy.correct instead (`against_sampler`)."""
+    """(Correction, figures) where the sampler's log-probs are the learner's: the ratio
+    against the learner's own, no weight, nothing to measure (else `against_sampler`)."""
     return Correction(learner, None), {}
 
 
@@ -177,11 +158,14 @@ class PPOTrainer:
             assert critic is None and value_head is None, f"{cfg.algo} has no critic"
         assert ref is not None or has_lora(actor), "ref=None needs a LoRA actor"
         self.cfg, self.actor, self.ref, self.reward_fn = cfg, actor, ref, reward_fn
+        # the entry of each role of losses.py this run uses (advantages, policy loss, ...)
+        self.spec = spec_of(cfg)
         self.critic, self.value_head = critic, value_head
         self.eos_id, self.pad_id = eos_id, pad_id
         # a PAD of its own is never sampled, so its probability is 0 in the log-probs too
         self.suppress = pad_id if pad_id != eos_id else None
         self.kl_ctl, self.ptx_data, self.amp = kl_ctl, ptx_data, amp
+        self.use_ptx = cfg.ptx_coef > 0 and ptx_data is not None
         device = next(actor.parameters()).device
         # a shared value head learns at critic_lr in the actor's optimizer (its own group)
         groups = [{"params": trainable(actor), "lr": cfg.actor_lr, "weight_decay": 0.0}]
@@ -203,6 +187,10 @@ class PPOTrainer:
         self.sampler_lag = getattr(cfg, "sampler_lag", 0)
         self.queue = SamplerQueue(self.sampler_lag) if self.sampler_lag else CurrentWeights()
         self.offpolicy = resolved_offpolicy(cfg)
+        # whether the sampler keeps its log-probs: to reuse them as the learner's (float32, no
+        # lag), or to keep them beside the learner's (a lagging or low-precision sampler)
+        self.sampler_scores = (self.reuse_sampler_logprobs or self.offpolicy != "none"
+                               or self.sampler_lag > 0)
         self.is_cap = cap_of(cfg)
         self.episodes = episodes
         # what a variant changes in the iteration, chosen here once (PPO's own by default):
@@ -214,6 +202,8 @@ class PPOTrainer:
             self.rollout = self.play_rollout
         if cfg.generate_batch_size:  # the KV cache of fewer rows at a time
             self.sample = self.sample_in_slices
+        if getattr(cfg, "learn_batch_size", 0):  # the activations of fewer rows at a time
+            self.slices = self.slices_of_size
         rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
         self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
         if self.reuse_sampler_logprobs or not self.sampler_scores:  # nothing to correct
@@ -229,31 +219,13 @@ class PPOTrainer:
         if self.critic_opt is not None:
             self.critic_opt.set_lr_scale(scale)
 
-    @property
-    def spec(self):
-        """The entry of each role of losses.py this run uses (advantages, policy loss,
-        reduction, KL estimator and placement), from `cfg`."""
-        return spec_of(self.cfg)
-
-    @property
-    def sampler_scores(self) -> bool:
-        """Whether the sampler keeps its log-probs: to reuse them as the learner's (float32,
-        no lag), or to keep them beside the learner's for truncated importance sampling and to
-        measure how far a lagging sampler is off."""
-        return self.reuse_sampler_logprobs or self.offpolicy != "none" or self.sampler_lag > 0
-
     # ------------------------------------------------------------------ forward passes
     def policy_and_values(self, sequences, attention_mask, T: int, entropy: str | None = None,
                           with_values: bool = True, ptx=None):
         """Log-probs (B, N) of the response tokens under the actor, their entropy (or None)
-        and the values (B, N) (None when `with_values` is False and the critic is separate).
-
-        Column i scores the i-th response token, so it comes from position T - 1 + i: the
-        hidden state (and the value) *before* the token was chosen.
-
-        `ptx` = (inputs, targets), a right-padded batch of demonstrations: it rides in the same
-        trunk pass as the sequences (one forward and one backward instead of two; the trunk
-        skips the padding of both) and its LM loss is returned fourth."""
+        and the values (B, N) (None when `with_values` is False and the critic is separate), each
+        column from the hidden state *before* its token (position T - 1 + i). `ptx` = (inputs,
+        targets): demonstrations in the same trunk pass, whose LM loss is returned fourth."""
         rows, S = sequences.shape
         if ptx is None:
             hidden = self.actor.trunk(sequences, attention_mask)
@@ -293,8 +265,7 @@ class PPOTrainer:
 
     def sample(self, prompt_ids, prompt_mask, generator=None, score: bool = False) -> GenerationOutput:
         """Responses to a batch of prompts (sequences and masks (B, T + N); with `score`, the
-        sampler's log-probs, entropies and hidden states too). With `cfg.generate_batch_size`,
-        `__init__` puts `sample_in_slices` here."""
+        sampler's log-probs, entropies and hidden states too)."""
         cfg = self.cfg
         with self.amp():
             return generate(self.actor, prompt_ids, prompt_mask, cfg.max_new_tokens,
@@ -330,11 +301,9 @@ class PPOTrainer:
     @torch.no_grad()
     def make_experience(self, prompt_ids, prompt_mask, generator=None, for_update: bool = True,
                         fields: dict | None = None) -> tuple[Experience, dict]:
-        """One rollout batch of single turns: sample with `generator` (on the model's device),
-        score with the reward function, then `experience_from`. GRPO / RLOO batches hold
-        groups of `group_size` rows with the same prompt; an eval batch (`for_update=False`)
-        need not, and gets no advantages. `fields` (name -> one value per row) go to the
-        reward function (rewards.py)."""
+        """One rollout batch: sample, score with the reward function (once, on the whole
+        batch; `fields` name -> one value per row go to it), shape and place the scores, then
+        `experience_from`. An eval batch (`for_update=False`) gets no advantages."""
         cfg = self.cfg
         t0 = time.time()
         with self.queue.sampling(self.actor, for_update):
@@ -344,22 +313,17 @@ class PPOTrainer:
         T = prompt_ids.size(1)
         responses = out.sequences[:, T:]                                # (B, N)
         action_mask = out.action_mask[:, T:].float()                    # (B, N)
-        # one call per rollout batch (a reward computed by code sees all of it), outside the
-        # policy's autocast (the reward model applies it itself, a user's scorer does not)
+        # one call per rollout batch, outside the policy's autocast (the RM applies its own)
         raw = self.reward_fn(out.sequences, out.attention_mask, action_mask,
                              **(fields or {})).float()
         scores = raw
-        # a reward model's scores are normalised, so +-reward_clip cuts only its outliers; a
-        # reward from code is used as returned (0 = off)
+        # a reward model's scores are normalised: +-reward_clip cuts only outliers
         if cfg.reward_clip > 0 and getattr(self.reward_fn, "clipped", True):
             scores = raw.clamp(-cfg.reward_clip, cfg.reward_clip)
-        if self.eos_id is None:  # a task without EOS: every response is complete
-            ended = torch.ones_like(scores, dtype=torch.bool)
-        else:
-            ended = ((responses == self.eos_id) & action_mask.bool()).any(-1)
+        ended = (((responses == self.eos_id) & action_mask.bool()).any(-1) if self.eos_id is not None
+                 else torch.ones_like(scores, dtype=torch.bool))  # (a task without EOS)
         # a response cut off by max_new_tokens gets a fixed penalty instead of the RM's
-        # opinion of a half-written text (losses.SCORE_SHAPING: off for a task with no EOS to
-        # miss, where every score would be the penalty; DAPO's ramp before it)
+        # opinion of a half-written text (losses.SCORE_SHAPING)
         scores = self.shape_scores(scores, ended, action_mask.sum(-1), cfg)
         # the score lands on the last action: a single turn is the episode of one turn
         placed = torch.zeros_like(action_mask)
@@ -392,25 +356,22 @@ class PPOTrainer:
 
     def experience_from(self, out: GenerationOutput, action_mask, placed, raw, ended, group_keys,
                         for_update: bool, t_generate: float, t_scored: float) -> tuple[Experience, dict]:
-        """Experience from a sampled batch, wherever it came from (a single turn, an episode):
-        `out` has the sequences (B, T + N) and, when the sampler kept them, its log-probs;
-        `action_mask` (B, N) marks the tokens the policy chose (holes where an environment
-        spoke); `placed` (B, N) the rewards where they land (the score on the last action, or
-        each step's on its turn's last action); `raw` (B,) the reward before clipping (logged);
-        `ended` (B,) whether each ended properly (EOS, or the environment's done);
-        `group_keys` (B, ...) the prompts (or seeds) that prove each group shares its start."""
+        """Experience from a sampled batch: the scoring passes (actor, reference, critic), the
+        KL, the advantages and the rollout's figures. `out` has the sequences (B, T + N) and the
+        sampler's log-probs when it kept them; `action_mask` (B, N) the tokens the policy chose;
+        `placed` (B, N) the rewards where they land; `raw` (B,) the reward before clipping; `ended`
+        (B,) whether each ended with EOS; `group_keys` what each row started from."""
         cfg = self.cfg
         seqs, attn = out.sequences, out.attention_mask
         T = out.prompt_len
-        # score in slices of score_batch_size rows (default: minibatch_size): the activations
-        # of a whole rollout batch of long sequences would set the peak memory of the iteration
+        # score score_batch_size rows at a time (default: minibatch_size), not the whole batch
         parts = []
         rows_per_pass = cfg.score_batch_size or cfg.minibatch_size
         reuse = out.logprobs is not None and self.reuse_sampler_logprobs
         for i in range(0, len(seqs), rows_per_pass):
             rows = slice(i, i + rows_per_pass)
             with self.amp():
-                if reuse:  # the sampler's own (see the module docstring)
+                if reuse:  # the sampler's own (docs/methods.md, "Why the ratio is still right")
                     lp, ent = out.logprobs[rows], out.entropy[rows]
                     val = (self.value_head(out.hidden[rows]).squeeze(-1) if self.value_head is not None
                            else self.critic_values(seqs[rows], attn[rows], T) if self.critic is not None
@@ -421,41 +382,31 @@ class PPOTrainer:
             val = val.float() if val is not None else torch.zeros_like(lp)  # critic-free
             parts.append((lp, ent, val, ref_lp))
         logprobs, entropy, values, ref_logprobs = (torch.cat(x) for x in zip(*parts))
-        logprobs, ref_logprobs = logprobs * action_mask, ref_logprobs * action_mask
-        values = values * action_mask
+        logprobs, ref_logprobs, values = (x * action_mask for x in (logprobs, ref_logprobs, values))
         scores = placed.sum(-1)                                         # (B,) the return
 
         kl_coef = self.kl_ctl.value
         kl_per_seq = ((logprobs - ref_logprobs) * action_mask).sum(-1)  # sum over actions
-        spec = self.spec
-        # the ratio's denominator and each token's weight: the learner's own, or where the
-        # sampler's log-probs differ from them, the run's off-policy correction (one call)
+        # the ratio's denominator and each token's weight: the learner's own log-probs
         (old_logprobs, weights), mismatch = self.against_sampler(logprobs, out.logprobs,
                                                                  action_mask)
-        # the KL penalty (in the reward, from the learner's log-probs), the advantages
-        # (losses.ADVANTAGES) and the correction's weights on them: losses.py, one call
+        # the KL penalty in the reward, then GAE and whitening: losses.py, one call
         rewards, advantages, returns = experience_advantages(
-            placed, logprobs, ref_logprobs, values, action_mask, spec, kl_coef, for_update, weights,
+            placed, logprobs, ref_logprobs, values, action_mask, self.spec, kl_coef, for_update, weights,
             entropy)
         exp = Experience(seqs, attn, action_mask, old_logprobs, ref_logprobs, values, rewards,
                          advantages, returns, scores, start_logprobs=logprobs)
 
-        stats = {
-            "rm_score": raw.mean().item(),
-            "score": scores.mean().item(),
-            "kl": kl_per_seq.mean().item(),
-            "kl_coef": kl_coef,
-            "entropy": masked_mean(entropy, action_mask).item(),
-            "resp_len": action_mask.sum(-1).mean().item(),
-            "gen_tokens": action_mask.sum().item(),  # generated tokens, summed (the cost)
-            "eos_rate": ended.float().mean().item(),
-            "t_generate": t_generate, "t_score": time.time() - t_scored,
-        }
-        stats.update(mismatch)
-        # the advantage entry's own figures: the critic's explained variance (gae), the share
-        # of groups whose scores tie (a group baseline; it checks each group shares a start)
-        stats.update(ROLLOUT_FIGURES[spec.advantages](scores, values, returns, action_mask,
-                                                      group_keys, spec, for_update))
+        stats = {"rm_score": raw.mean().item(), "score": scores.mean().item(),
+                 "kl": kl_per_seq.mean().item(), "kl_coef": kl_coef,
+                 "entropy": masked_mean(entropy, action_mask).item(),
+                 "resp_len": action_mask.sum(-1).mean().item(),
+                 "gen_tokens": action_mask.sum().item(),  # generated tokens, summed (the cost)
+                 "eos_rate": ended.float().mean().item(),
+                 "t_generate": t_generate, "t_score": time.time() - t_scored, **mismatch}
+        # the advantage entry's own figures (gae: the critic's explained variance)
+        stats.update(ROLLOUT_FIGURES[self.spec.advantages](scores, values, returns, action_mask,
+                                                           group_keys, self.spec, for_update))
         return exp, stats
 
     def against_sampler(self, logprobs, sampler_logprobs, action_mask):
@@ -474,21 +425,17 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ learning
     def ptx_batch(self, generator=None):
-        """A batch of demonstrations for InstructGPT's PPO-ptx loss: (inputs, targets) on the
-        model's device, drawn with `generator`, a CPU generator."""
+        """InstructGPT's ptx batch of demonstrations, (inputs, targets) on the model's device."""
         idx = torch.randint(len(self.ptx_data), (self.cfg.minibatch_size,), generator=generator)
         inputs, targets = self.ptx_data.batch(idx.tolist())
         device = next(self.actor.parameters()).device
         return inputs.to(device), targets.to(device)
 
     def learn(self, generator=None) -> dict:
-        """ppo_epochs over the replay buffer, then clear it. `generator` (CPU) shuffles the
-        minibatches and picks the ptx batches. Each minibatch is one optimizer step; with
-        `cfg.learn_batch_size` its forward and backward passes run on slices of that many
-        rows, their gradients summed (`slices`). The figures are means over every minibatch
-        whose loss was computed, the one that stopped the update included, so an iteration
-        that took no step still logs them; `minibatch_steps` counts the steps taken, and
-        `early_stop_kl` is the approx-KL that stopped the update (0 when none did)."""
+        """ppo_epochs over the replay buffer, then clear it; each minibatch one optimizer step.
+        The figures are means over every minibatch whose loss was computed (the one that stopped the
+        update included); `minibatch_steps` counts the steps, `early_stop_kl` is the approx-KL that
+        stopped the update (0 when none did)."""
         cfg = self.cfg
         t0 = time.time()
         totals, counts, steps, stop_kl = {}, {}, 0, 0.0
@@ -510,43 +457,40 @@ class PPOTrainer:
         return stats
 
     def slices(self, mb: Experience) -> list[Experience]:
-        """The minibatch as the passes of one step: itself, or with `cfg.learn_batch_size` k
-        equal slices of that many rows (trimmed of their own padding). Each slice's loss is
-        divided by k and every token mean divides by the whole minibatch's count / k, as
-        torchrun's processes do (distributed.tokens_per_rank): the gradients summed over the
-        slices are the whole minibatch's, and only one slice's activations are alive at a
-        time. A minibatch that the size does not divide (the last of an epoch) is one pass."""
-        size = getattr(self.cfg, "learn_batch_size", 0)
+        """The minibatch as the passes of one step: itself, one pass. (With
+        `cfg.learn_batch_size`, `__init__` puts `slices_of_size` here.)"""
+        return [mb]
+
+    def slices_of_size(self, mb: Experience) -> list[Experience]:
+        """`slices` with `cfg.learn_batch_size`: k equal slices of that many rows (trimmed of
+        their own padding). Each slice's loss is divided by k and every token mean divides by
+        the whole minibatch's count / k, as torchrun's processes do (distributed.tokens_per_rank):
+        the gradients summed over the slices are the whole minibatch's, and only one slice's
+        activations are alive at a time. A minibatch that the size does not divide (the last of
+        an epoch) is one pass."""
+        size = self.cfg.learn_batch_size
         rows = len(mb.scores)
-        if not size or size >= rows or rows % size:
+        if size >= rows or rows % size:
             return [mb]
         return [mb.select(torch.arange(i, i + size, device=mb.scores.device)).trimmed()
                 for i in range(0, rows, size)]
 
     def _learn_minibatch(self, mb: Experience, generator=None) -> tuple[dict, bool, float]:
-        """One optimizer step on a minibatch (and one of the separate critic): forward and
-        backward over its slices, then the step. Returns the figures, whether the actor
-        stepped, and the approx-KL that stopped the update here (0.0 when it did not): when
-        the minibatch's approx-KL to where the update started passes cfg.target_kl, no step
-        is taken and the update ends."""
+        """One step of the actor (and one of the critic) on a minibatch, forward and backward
+        over its `slices`. Returns the figures, whether the actor stepped, and the approx-KL that
+        stopped the update here (0.0 when none did): past cfg.target_kl no step is taken."""
         cfg = self.cfg
         parts = self.slices(mb)
         k = len(parts)
-        # token means divide by this: under torchrun the whole minibatch's token mean, and
-        # over k slices the mean count of a slice
-        tokens = tokens_per_rank(mb.action_mask) / k
-        use_ptx = cfg.ptx_coef > 0 and self.ptx_data is not None
-        entropy_mode = "grad" if cfg.entropy_coef > 0 else "value"
-        figures, finite = {}, True
+        tokens = tokens_per_rank(mb.action_mask) / k  # what a token mean divides by
+        figures, finite = {"ptx_loss": torch.zeros(())}, True
         for i, part in enumerate(parts):
-            # the policy's slice and the ptx batch share one forward and one backward; the
-            # ptx batch rides with the first slice only (its loss times k, as the slices' are
-            # divided by k); the critic's graph comes after that backward
-            ptx = self.ptx_batch(generator) if use_ptx and i == 0 else None
+            # the ptx batch rides with the first slice, in the same forward and backward
+            ptx = self.ptx_batch(generator) if self.use_ptx and i == 0 else None
             with self.amp():
                 logprobs, entropy, values, *ptx_loss = self.policy_and_values(
-                    part.sequences, part.attention_mask, part.prompt_len, entropy_mode,
-                    with_values=False, ptx=ptx)
+                    part.sequences, part.attention_mask, part.prompt_len,
+                    "grad" if cfg.entropy_coef > 0 else "value", with_values=False, ptx=ptx)
             # the surrogate - the entropy bonus (+ the KL, in the loss): losses.py
             loss, part_figures = actor_loss(
                 logprobs, entropy, part.logprobs, part.ref_logprobs, part.advantages,
@@ -557,25 +501,19 @@ class PPOTrainer:
                                      cfg.clip_range_value, tokens)
                 loss = loss + cfg.vf_coef * vf_loss
                 part_figures["vf_loss"] = vf_loss
-            if ptx_loss:  # InstructGPT's PPO-ptx: the LM loss on demonstrations
-                ptx_loss = ptx_loss[0]
-                if world_size() > 1:  # a mean over all ranks' target tokens, as SFT's loss
-                    ptx_loss = ptx_loss * token_share(ptx[1] >= 0)
-                loss = loss + cfg.ptx_coef * k * ptx_loss
+            if ptx_loss:  # InstructGPT's PPO-ptx, a mean over every process's targets
+                ptx_loss = ptx_loss[0] * token_share(ptx[1] >= 0)
+                loss = loss + cfg.ptx_coef * k * ptx_loss  # (times k: the slices divide by k)
                 part_figures["ptx_loss"] = ptx_loss * k
             finite = finite and not all_agree(not torch.isfinite(loss))
             if finite:
                 self.actor_opt.backward(loss / k)
             for name, v in part_figures.items():  # each slice's share of the minibatch's figure
                 figures[name] = figures.get(name, 0.0) + v.detach().float() / k
-        # under torchrun and over slices: the whole minibatch's approx-KL, one decision for
-        # every rank, taken before the step (the weights have not moved since the forward)
+        # the whole minibatch's approx-KL (every slice, every process), before the step
         kl = mean_over_ranks({"kl": figures["approx_kl"].item()})["kl"] if cfg.target_kl > 0 else 0.0
-        if kl > cfg.target_kl:
-            # the policy already moved this far from where the update started: stop the update
-            # here, before this minibatch moves it further
+        if kl > cfg.target_kl:  # moved this far already: stop before this minibatch moves it more
             self.actor_opt.discard()
-            figures.setdefault("ptx_loss", torch.zeros(()))
             return figures, False, kl
         stepped = self._finish(self.actor_opt, finite)
         if self.critic is not None:
@@ -590,13 +528,10 @@ class PPOTrainer:
                     self.critic_opt.backward(vf_loss / k)
                 figures["vf_loss"] = figures.get("vf_loss", 0.0) + vf_loss.detach().float() / k
             self._finish(self.critic_opt, finite)
-        figures.setdefault("ptx_loss", torch.zeros(()))
         return figures, stepped, 0.0
 
     def _finish(self, optimizer: Optimizer, finite: bool) -> bool:
-        """The step after the slices' backward passes; a non-finite loss in any of them skips
-        it (better than writing NaN into the weights), and counts it so the log shows it.
-        Whether the step was taken."""
+        """The step after the backward passes, skipped (and counted) if a loss was not finite."""
         if finite:
             return optimizer.step()
         optimizer.skip()
@@ -604,18 +539,15 @@ class PPOTrainer:
 
     @property
     def skipped_updates(self) -> int:
-        """Optimizer steps not taken in the whole run: non-finite losses and float16 overflows
-        (should stay 0 but for float16's first few steps, see optim.py)."""
+        """Optimizer steps not taken in the run: non-finite losses, float16 overflows."""
         return self.actor_opt.skipped + (self.critic_opt.skipped if self.critic_opt else 0)
 
     # ------------------------------------------------------------------ one iteration
     def step(self, prompt_batches, sample_gen=None, shuffle_gen=None,
              refill=None) -> tuple[list[Experience], dict]:
-        """One iteration: a rollout of each batch into the replay buffer (`collect`), one
-        update, the KL coefficient's update. Returns every rollout sampled and the iteration's
-        figures. A batch is (prompt_ids, prompt_mask, fields), or a list of episode seeds with
-        an environment; `sample_gen` draws tokens (model's device), `shuffle_gen` orders
-        minibatches (CPU); `refill()` gives one more batch (dynamic sampling asks for it)."""
+        """One iteration: roll out each batch into the replay buffer (`collect`), learn from it,
+        update the KL coefficient. Returns the rollouts and the iteration's figures. `sample_gen`
+        draws tokens (model's device), `shuffle_gen` orders minibatches (CPU)."""
         experiences, stats = self.collect(self, prompt_batches, sample_gen, refill)
         self.queue.push(trainable(self.actor))  # --sampler_lag: a later rollout's weights
         stats.update(self.learn(shuffle_gen))
@@ -625,8 +557,7 @@ class PPOTrainer:
         return experiences, stats
 
     def rollout(self, batch, generator) -> tuple[Experience, dict]:
-        """One rollout batch of (prompt_ids, prompt_mask[, fields]): `make_experience`. (With
-        an environment, `__init__` puts `play_rollout` here.)"""
+        """One rollout batch of (prompt_ids, prompt_mask[, fields]): `make_experience`."""
         ids, mask, *fields = batch
         return self.make_experience(ids, mask, generator, fields=fields[0] if fields else None)
 
@@ -636,10 +567,8 @@ class PPOTrainer:
 
 
 def collect_all(trainer, prompt_batches, sample_gen, refill=None) -> tuple[list[Experience], dict]:
-    """PPO's collection: each batch rolled out once, and all of it learned from (online DPO
-    keeps a pair of rows per group: `trainer.rows_to_learn`). Returns the rollouts and their
-    figures, means over the batches but for the costs, which add up. Dynamic sampling has
-    its own (refinements.collect_informative), which `PPOTrainer.__init__` chooses."""
+    """PPO's collection: each batch rolled out once, every row learned from. Returns the
+    rollouts and their figures (means, but costs add up)."""
     rolled = [trainer.rollout(batch, sample_gen) for batch in prompt_batches]
     for exp, _ in rolled:
         trainer.buffer.add(trainer.rows_to_learn(exp))

@@ -1,23 +1,12 @@
 """Where an RL run's reward comes from: a reward model, the task's own check, or your function.
 
     python train_ppo.py --reward rm                    # the reward model in --rm_dir (learned)
-    python train_ppo.py --reward task                  # the built-in task's check: reviews' gold
-                                                       # reward, sort's exact match
+    python train_ppo.py --reward task                  # the built-in task's check
     python train_ppo.py --reward my_reward.py:score    # your function (or package.module:score)
 
-Every source is a callable `reward(sequences, attention_mask, action_mask, **fields) -> (B,)
-float32` that PPOTrainer calls once per rollout batch, on the token ids (sequences and
-attention_mask (B, T + N), left-padded prompts then responses; action_mask (B, N), the
-response tokens up to and including EOS). `fields` are the extra columns of the prompts file,
-one value per row (TextReward); the reward model ignores them.
-
-A reward computed by code (`TextReward`) sees text, not ids: its class docstring gives the
-function's contract (what it is given, what it must return, how errors stop the run).
-
-Clipping (`--reward_clip`) is for the reward model's scores only: they are normalised to mean
-0 and std 1, so +-5 only cuts outliers. A function's scores are used as returned (their scale
-is yours to choose): `TextReward.clipped` is False, and PPOTrainer clips only the scores of a
-reward whose `clipped` is True or unset.
+Every source is a callable `reward(sequences, attention_mask, action_mask, **fields) -> (B,)`
+float32, called once per rollout batch on the token ids; `TextReward`'s docstring gives a
+function's contract. Only a reward model's scores are clipped (docs/rewards.md).
 """
 from __future__ import annotations
 

@@ -1,30 +1,13 @@
 """Batched generation with a KV cache: temperature, top-k, top-p, EOS, left-padded prompts.
 
-The prompt batch is left-padded, so every row's next token goes in the same column and one
-forward pass per step serves the whole batch. The first pass runs the whole prompt and fills
-the KV cache; each later pass feeds only the token just sampled.
-
-Each row stops on its own when it samples EOS; from then on it receives padding (and is not
-attended to), and the loop ends when every row has stopped or `max_new_tokens` is reached.
-
-The returned masks are what PPO needs:
-- `attention_mask` (B, T + new): 1 for every real token of prompt and response.
-- `action_mask`    (B, T + new): 1 for every generated token up to and including EOS; the
-  EOS is an action the policy took, so it is trained and rewarded like any other token.
-
-PAD is never sampled: when `pad_token_id` is given and differs from EOS, its logit is set to
--inf before every draw (a sampled PAD would be scored by the reward model but dropped by
-`decode`). Ids past the real vocabulary cannot be drawn either: the model returns logits for
-`vocab_size` ids only. Only the last position's logits are computed at each step.
-
-Note for RL: PPO must compute its log-probs from the same distribution it sampled from, so
-rollouts use plain sampling (no top-k / top-p) and the log-probs are taken from
-`logits / temperature`, with PAD excluded the same way (otherwise the stored log-probs are not those of the policy that sampled, and the KL
-estimate can come out negative).
-With `score=True` the sampler keeps, for every token it draws, that log-prob, the entropy
-of the distribution and the hidden state that chose it (`logprobs.tempered_logprobs`, the
-arithmetic the scoring passes use): PPO then needs no second pass of the actor to learn what
-the policy that sampled thought of its own tokens (ppo_trainer.py).
+The prompts are left-padded, so every row's next token goes in the same column: the first
+pass runs the prompts and fills the cache, each later pass feeds only the token just drawn.
+A row stops when it samples EOS and gets padding after it. The masks are PPO's:
+`attention_mask` marks every real token, `action_mask` every generated one up to and
+including EOS (an action like any other). PAD is never sampled. With `score=True` the sampler
+keeps each drawn token's log-prob under the full tempered distribution, its entropy and the
+hidden state that chose it, so PPO needs no second pass to learn what the sampling policy
+thought of its own tokens (docs/details.md, items 16 and 17).
 
 Try it:  python -m mingpt_rlhf.sampling   (samples from a random tiny model)
 """
@@ -65,6 +48,51 @@ def check_sampling_options(temperature=1.0, top_k=None, top_p=None):
         raise ValueError(f"top_p must be in (0, 1] (1 or None = off), got {top_p}")
 
 
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row from the last-position logits (B, V). temperature 0 = greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    if top_k or (top_p is not None and top_p < 1.0):
+        return sample_filtered(logits, temperature, top_k, top_p, generator)
+    return draw(torch.softmax(logits / temperature, dim=-1), generator)
+
+
+def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One index per row of `probs` (B, V), drawn with its probabilities: (B,) int64.
+
+    By inverting the cumulative distribution: one uniform number u per row in (0, 1], and the
+    first index whose cumulative probability reaches u (`torch.multinomial` draws V numbers per
+    row instead, slower at GPT-2's 50,257 ids). The running sum is in float64, so a token of
+    probability 0 (PAD) can never be drawn. (Apple's MPS has no float64: there, multinomial.)"""
+    if probs.device.type == "mps":
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = probs.double().cumsum(-1)                                          # (B, V)
+    # a diverged model (NaN or inf logits) must stop the run, as multinomial did, not write
+    # the last id forever; asserted on the device, so a GPU does not wait for the answer
+    total = cdf[:, -1:]                                                      # (B, 1)
+    torch._assert_async((torch.isfinite(total) & (total > 0)).all(),
+                        "sampling from probabilities that are NaN, inf or all 0: the model's "
+                        "logits are not finite (the run diverged; lower the learning rate)")
+    u = 1.0 - torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device,
+                         generator=generator)                                # (B, 1) in (0, 1]
+    index = torch.searchsorted(cdf, u * total)                               # first cdf >= u
+    return index.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # rounding can never pass the end
+
+
+def sample_filtered(logits, temperature, top_k=None, top_p=None, generator=None):
+    """`sample_next` with top-k and / or top-p: the draw among the k best / the nucleus.
+    Off in RL by default: the log-probs are of the full distribution, the draws would not be
+    (docs/details.md, item 17)."""
+    if top_k and top_k < logits.size(-1) and (top_p is None or top_p >= 1.0):
+        # draw among the k best directly: softmax over their k logits is the same distribution
+        # as filter_logits + softmax over the vocabulary, with fewer and smaller ops per token
+        best, best_ids = torch.topk(logits, top_k, dim=-1)  # (B, k), (B, k)
+        choice = draw(torch.softmax(best / temperature, dim=-1), generator)  # (B,) index into the k
+        return best_ids.gather(-1, choice[:, None]).squeeze(-1)
+    logits = filter_logits(logits / temperature, top_k, top_p)
+    return draw(torch.softmax(logits, dim=-1), generator)
+
+
 def filter_logits(logits: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
     """Set the logits of tokens outside the top-k / the nucleus to -inf. logits: (B, V)."""
     if top_k:
@@ -82,56 +110,12 @@ def filter_logits(logits: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
     return logits
 
 
-def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
-    """One index per row of `probs` (B, V), drawn with its probabilities: (B,) int64.
-
-    By inverting the cumulative distribution: one uniform number u per row in (0, 1], and
-    the first index whose cumulative probability reaches u. `torch.multinomial` draws V
-    exponential numbers per row instead, which at GPT-2's 50,257 ids cost 8 ms for 8 rows on
-    a 2-core CPU, more than a decoding step's own output layer (measured when this sampler was
-    written; no script in bench/ repeats it yet).
-    The running sum is in float64, so the boundaries between tokens are exact to 1e-16 and a
-    token of probability 0 (PAD) can never be drawn. (Apple's MPS has no float64: there,
-    multinomial.)"""
-    if probs.device.type == "mps":
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    cdf = probs.double().cumsum(-1)                                          # (B, V)
-    # a diverged model (NaN or inf logits) must stop the run, as multinomial did, not write
-    # the last id forever; asserted on the device, so a GPU does not wait for the answer
-    total = cdf[:, -1:]                                                      # (B, 1)
-    torch._assert_async((torch.isfinite(total) & (total > 0)).all(),
-                        "sampling from probabilities that are NaN, inf or all 0: the model's "
-                        "logits are not finite (the run diverged; lower the learning rate)")
-    u = 1.0 - torch.rand(len(probs), 1, dtype=torch.float64, device=probs.device,
-                         generator=generator)                                # (B, 1) in (0, 1]
-    index = torch.searchsorted(cdf, u * total)                               # first cdf >= u
-    return index.squeeze(-1).clamp_(max=probs.size(-1) - 1)  # rounding can never pass the end
-
-
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """One token per row from the last-position logits (B, V). temperature 0 = greedy."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    if top_k and top_k < logits.size(-1) and (top_p is None or top_p >= 1.0):
-        # draw among the k best directly: softmax over their k logits is the same distribution
-        # as filter_logits + softmax over the vocabulary, with fewer and smaller ops per token
-        best, best_ids = torch.topk(logits, top_k, dim=-1)  # (B, k), (B, k)
-        choice = draw(torch.softmax(best / temperature, dim=-1), generator)  # (B,) index into the k
-        return best_ids.gather(-1, choice[:, None]).squeeze(-1)
-    logits = filter_logits(logits / temperature, top_k, top_p)
-    return draw(torch.softmax(logits, dim=-1), generator)
-
-
 def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
              temperature: float = 1.0, top_k=None, top_p=None, eos_token_id=None,
              pad_token_id=None, generator=None, score: bool = False) -> GenerationOutput:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
-
-    `pad_token_id` fills the positions after a row's EOS (default: `eos_token_id`, else 0);
-    the masks, not the pad value, say what is real. A `pad_token_id` distinct from EOS is
-    never sampled. `generator` makes sampling reproducible. `score=True` also returns each
-    generated token's log-prob, entropy and hidden state (see GenerationOutput).
-    """
+    `pad_token_id` (default: EOS, else 0) fills a row after its EOS; the masks say what is
+    real. `score=True` also returns each token's log-prob, entropy and hidden state."""
     check_sampling_options(temperature, top_k, top_p)
     if score and temperature == 0:
         raise ValueError("score=True needs temperature > 0: greedy decoding has no log-probs")
@@ -143,8 +127,7 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
         raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens does not fit "
                          f"block_size {model.config.block_size}; shorten the prompt or "
                          f"lower max_new_tokens")
-    # a PAD of its own is never a token the policy may write; a default PAD is EOS (or 0), a
-    # real token, and stays allowed
+    # a PAD of its own is never written; a default PAD is EOS (or 0), a real token, allowed
     suppress = pad_token_id if pad_token_id is not None and pad_token_id != eos_token_id else None
     if pad_token_id is None:
         pad_token_id = eos_token_id if eos_token_id is not None else 0
@@ -152,8 +135,7 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
         attention_mask = torch.ones_like(prompt_ids)
     was_training = model.training
     model.eval()
-    # inference mode skips autograd's bookkeeping on every small op of the decoding loop;
-    # its tensors cannot enter autograd later, so the results are cloned out of it
+    # no autograd bookkeeping in the loop; its tensors are cloned out to enter autograd later
     with torch.inference_mode():
         out = _sample(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
                       top_k, top_p, eos_token_id, pad_token_id, suppress, generator, score)
@@ -190,8 +172,7 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     # positions count real tokens only, so left padding shifts nothing; computed once here
     prompt_lens = attention_mask.sum(-1, keepdim=True)                        # (B, 1)
     positions = prompt_lens + torch.arange(max_new_tokens, device=device)     # (B, new)
-    # while no row has padding (none in the prompt, no row stopped yet) the model needs no
-    # mask, which saves building one per step
+    # while no row has padding (in its prompt, or after its EOS) the model needs no mask
     padded = not bool(attention_mask.all())
 
     logits, hidden = next_token_logits(model, prompt_ids, attention_mask,
@@ -200,8 +181,7 @@ def _sample(model, prompt_ids, attention_mask, max_new_tokens, temperature, top_
     n_new = 0
     for t in range(max_new_tokens):
         token = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-        # the mask of this step's forward covers columns up to T + t: padded by the prompt, or
-        # by rows that stopped before t (a row that stops now has its EOS there, a real token)
+        # this step's mask covers columns up to T + t: padded if a row stopped before t
         mask_has_padding = padded
         if eos_token_id is not None:
             token = token.masked_fill(done, pad_token_id)  # a stopped row only gets padding

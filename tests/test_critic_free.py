@@ -7,6 +7,7 @@ import torch
 
 from mingpt_rlhf.methods.critic_free import (group_advantages, k3_kl, leave_one_out_advantages,
                                              zero_group_fraction)
+from mingpt_rlhf.losses import spec_of
 from mingpt_rlhf.ppo import policy_loss, reduce_tokens
 
 
@@ -191,6 +192,7 @@ def test_a_group_of_equal_scores_gets_zero_advantage_with_the_std_and_the_kl_in_
     assert (exp.ref_logprobs != exp.logprobs).any() and stats["zero_groups"] == 1.0
     assert (exp.advantages == 0).all()
     tr.cfg = replace(tr.cfg, grpo_norm="dr", kl_in="reward")  # k1, the reward's default
+    tr.spec = spec_of(tr.cfg)
     exp, _ = tr.make_experience(ids, mask, torch.Generator().manual_seed(2))
     kl = ((exp.logprobs - exp.ref_logprobs) * exp.action_mask).sum(-1).view(-1, 4)
     expected = -tr.kl_ctl.value * (kl - kl.mean(-1, keepdim=True))
