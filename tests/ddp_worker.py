@@ -13,7 +13,9 @@ tiny run, so the tests launch once for many runs.
 MODE
   run        call SCRIPT's main with the options (what `python SCRIPT.py` does)
   grad       no script: the gradients of one PPO minibatch step (`minibatch_gradients`) in
-             each of SETTINGS, after averaging over the ranks, into OUT/rank{r}.pt
+             each of SETTINGS, after averaging over the ranks, and the tokens that
+             --learn_tokens top_entropy keeps of the rank's rows (`top_entropy_share`), into
+             OUT/rank{r}.pt
   kill       the same, but every rank dies right after its first checkpoint (a killed run)
   ppo_probe  train_ppo's main, recording per rank into OUT/rank{r}.json: the ratio and approx-KL
              of the first minibatch, whitening's input and output, each update's minibatch count,
@@ -118,6 +120,25 @@ def minibatch_gradients(setting: str) -> dict:
     return grads
 
 
+def top_entropy_batch():
+    """An update's entropies (4, 6) and action mask for --learn_tokens top_entropy: rows 0-1
+    (rank 0's under torchrun) lower than rows 2-3 (rank 1's), so that each rank's own top 20 %
+    differs from the whole batch's."""
+    gen = torch.Generator().manual_seed(1)
+    mask = (torch.arange(6) < torch.tensor([2, 3, 6, 5])[:, None]).float()
+    entropy = torch.rand(4, 6, generator=gen) + torch.tensor([0.0, 0.0, 1.0, 1.0])[:, None]
+    return entropy, mask
+
+
+def top_entropy_share() -> torch.Tensor:
+    """The tokens top_entropy keeps of this rank's rows of `top_entropy_batch` (an update's:
+    the threshold is the whole batch's, over every rank)."""
+    entropy, mask = top_entropy_batch()
+    rows = torch.arange(len(entropy)).view(distributed.world_size(), -1)[distributed.rank()]
+    spec = losses.LossSpec(learn_tokens="top_entropy", top_entropy_quantile=0.2)
+    return losses.top_entropy_tokens(entropy[rows], mask[rows], spec, for_update=True)
+
+
 def gloo_threads() -> list[str]:
     """Names of this process's threads that belong to gloo (Linux; [] where /proc is absent)."""
     task = f"/proc/{os.getpid()}/task"
@@ -139,6 +160,7 @@ def run_job(mode, out, script, argv) -> bool:
     if mode == "grad":
         distributed.setup(torch.device("cpu"))
         grads = {setting: minibatch_gradients(setting) for setting in SETTINGS}
+        grads["top_entropy"] = top_entropy_share()
         torch.save(grads, os.path.join(out, f"rank{distributed.rank()}.pt"))
         distributed.shutdown()
         return True

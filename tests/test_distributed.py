@@ -198,6 +198,22 @@ def test_a_minibatch_split_over_two_processes_has_one_processs_gradient(launched
             assert torch.equal(ranks[0][setting][k], ranks[1][setting][k])
 
 
+def test_top_entropy_takes_one_threshold_over_both_processes(launched):
+    """--learn_tokens top_entropy under torchrun: each rank keeps the tokens above the whole
+    update batch's threshold, not its own share's (rank 0 holds the low-entropy rows, so its
+    own top 20 % would keep tokens that the batch's does not)."""
+    from ddp_worker import top_entropy_batch
+    from mingpt_rlhf.losses import LossSpec, top_entropy_tokens
+    entropy, mask = top_entropy_batch()
+    spec = LossSpec(learn_tokens="top_entropy", top_entropy_quantile=0.2)
+    whole = top_entropy_tokens(entropy, mask, spec, for_update=True)  # one process, every row
+    ranks = [torch.load(launched / "grad" / f"rank{r}.pt")["top_entropy"] for r in range(2)]
+    assert torch.equal(torch.cat(ranks), whole)
+    own = torch.cat([top_entropy_tokens(entropy[rows], mask[rows], spec, for_update=True)
+                     for rows in (slice(0, 2), slice(2, 4))])
+    assert not torch.equal(own, whole) and whole[:2].sum() == 0 < own[:2].sum()
+
+
 def test_grpo_groups_stay_whole_on_one_process(launched):
     """Also: each rank's share of a prompts file's fields reaches the reward function beside
     its own prompts (the function would have stopped the launch otherwise)."""
