@@ -690,7 +690,8 @@ def finish(run: Run) -> dict:
     updates = update_counts(read_metrics(run.log.path)) if is_main() else {}
     summary = run.log.log(cfg.max_iters, final=True, **final,
                           skipped_updates=trainer.skipped_updates,
-                          **{k: v for k, v in updates.items() if k != "iterations"})
+                          **{k: v for k, v in updates.items() if k not in ("iterations", "stuck")},
+                          stuck_iterations=sum(k for _, k in updates.get("stuck", [])))
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     if run.initial:
         print("\n".join(comparison_lines(run.initial, final, cfg.algo,

@@ -212,12 +212,28 @@ def test_updates_that_took_no_step_are_counted_and_warned():
             {"step": 4, "minibatch_steps": 0, "early_stop_kl": 0.0},    # e.g. nothing kept
             {"step": 4, "final": True, "minibatch_steps": 0}]
     counts = report.update_counts(rows)
-    assert counts == {"iterations": 4, "early_stops": 2, "idle_updates": 2}
+    assert counts == {"iterations": 4, "early_stops": 2, "idle_updates": 2, "stuck": []}
     lines = report.update_lines(counts)
     assert lines[0] == "updates: 2 of 4 stopped early by --target_kl"
     assert lines[1].startswith("warning: 2 of 4 updates took no optimizer step")
     assert report.update_lines({"iterations": 4, "early_stops": 0, "idle_updates": 0}) == \
         ["updates: 0 of 4 stopped early by --target_kl"]
+
+
+def test_stretches_of_a_stuck_run_are_counted_and_warned():
+    """`stuck` is logged each iteration (machinery/watch.py); the closing lines count each
+    stretch that reached STUCK_AFTER, from its first iteration."""
+    S = report.STUCK_AFTER
+    stuck = [0, 1, 2] + list(range(1, S + 3)) + [0] + list(range(1, S)) + [0] + list(range(1, S + 1))
+    rows = [{"step": i + 1, "minibatch_steps": 4, "stuck": k} for i, k in enumerate(stuck)]
+    counts = report.update_counts(rows)
+    first = 4  # the fourth iteration starts the first stretch of S + 2
+    second = 3 + S + 2 + 1 + S - 1 + 1 + 1
+    assert counts["stuck"] == [[first, S + 2], [second, S]]
+    assert report.update_lines(counts)[1] == (
+        f"warning: the run was stuck (no learning signal, its reward below its best) in "
+        f"{2 * S + 2} of {len(stuck)} iterations, from iteration {first}, {second} (see stuck "
+        f"in metrics.jsonl)")
 
 
 def test_the_kl_legend_says_what_the_penalty_charges_for_the_runs_placement(ppo_run, tmp_path):

@@ -34,6 +34,7 @@ import sys
 
 from .cli import OneLineParser
 from .errors import UserError
+from .watch import STUCK_AFTER
 from ..losses import default_kl_estimator
 from .metrics import read_metrics
 from .plot import stage_of
@@ -58,11 +59,19 @@ def update_counts(rows: list[dict]) -> dict:
     approx-KL early stop, --target_kl, ended the update before its last minibatch) and
     `idle_updates` (the update took no optimizer step at all: stopped before its first step,
     dynamic sampling kept no group, or every loss was non-finite). An idle update is an
-    iteration the run did not learn from."""
+    iteration the run did not learn from. `stuck`: [first iteration, length] of each stretch of
+    STUCK_AFTER or more iterations without a learning signal (machinery/watch.py)."""
     train = [r for r in rows if "minibatch_steps" in r and "split" not in r and not r.get("final")]
+    stuck = []  # [first iteration, length] of each stretch of STUCK_AFTER or more
+    for r in train:
+        k = r.get("stuck", 0)
+        if k == STUCK_AFTER:
+            stuck.append([r["step"] - k + 1, k])
+        elif k > STUCK_AFTER and stuck:
+            stuck[-1][1] = k
     return {"iterations": len(train),
             "early_stops": sum(r.get("early_stop_kl", 0) > 0 for r in train),
-            "idle_updates": sum(r["minibatch_steps"] == 0 for r in train)}
+            "idle_updates": sum(r["minibatch_steps"] == 0 for r in train), "stuck": stuck}
 
 
 def update_lines(counts: dict) -> list[str]:
@@ -70,6 +79,10 @@ def update_lines(counts: dict) -> list[str]:
     and a warning when some took no step."""
     n = counts["iterations"]
     lines = [f"updates: {counts['early_stops']} of {n} stopped early by --target_kl"]
+    if counts.get("stuck"):
+        lines.append(f"warning: the run was stuck (no learning signal, its reward below its best) "
+                     f"in {sum(k for _, k in counts['stuck'])} of {n} iterations, from iteration "
+                     f"{', '.join(str(i) for i, _ in counts['stuck'])} (see stuck in metrics.jsonl)")
     if counts["idle_updates"]:
         lines.append(f"warning: {counts['idle_updates']} of {n} updates took no optimizer step "
                      f"(see minibatch_steps and early_stop_kl in metrics.jsonl): the run learned "

@@ -7,6 +7,10 @@ names the state and what to try, and the figures behind it are logged:
   learns from the missing-EOS penalty, not from the reward);
 - an iteration's update took no optimizer step (`minibatch_steps` 0; the cause is named);
 - the KL to the SFT policy stayed above twice --kl_target for a tenth of the run;
+- the run is stuck: for STUCK_AFTER iterations in a row the policy got no learning signal
+  (every group's rewards tied, or it writes one answer: entropy under 0.01 nats) while its
+  reward stayed below its best (`stuck`, logged every iteration; a run at its best, one that
+  wins every episode, is done, not stuck);
 - the reward-hacking warning (lab/hacking.py): its signals are logged every iteration.
 
     watch = RunWatch(cfg)
@@ -20,6 +24,8 @@ from tqdm import tqdm
 
 from .distributed import is_main
 from ..lab.hacking import HackingMonitor
+
+STUCK_AFTER = 10  # iterations without a learning signal, below the run's best, before it says so
 
 
 def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
@@ -38,6 +44,17 @@ def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
             f"closing lines count such updates")
 
 
+def stuck_warning(stats: dict, step: int, best: float) -> str:
+    """The line printed when a run has had no learning signal for STUCK_AFTER iterations."""
+    why = ("every group's rewards tied" if stats.get("zero_groups", 0.0) >= 1.0 else
+           f"the policy writes one answer (entropy {stats['entropy']:.3f} nats)")
+    return (f"warning: the run is stuck: for {STUCK_AFTER} iterations up to {step} no learning "
+            f"signal reached the policy ({why}) while its reward ({stats['score']:.3f}) stayed "
+            f"below its best ({best:.3f}); such runs rarely recover. Start again with a lower "
+            f"--actor_lr or an --entropy_coef such as 0.01 (docs/troubleshooting.md, \"A run "
+            f"that stopped learning\")")
+
+
 class RunWatch:
     """The warnings of one run (module docstring). `kl_high` (iterations whose KL passed twice
     the target) is saved with the checkpoint; `first_step` is this process's first iteration,
@@ -49,9 +66,25 @@ class RunWatch:
         self.first_step = 0
         self.idle_warned = False  # an update that took no step is said once
         self.monitor = HackingMonitor(cfg.warning_window)
+        self.best = self.worst = None  # the highest and lowest iteration reward so far
+        self.stuck = 0  # iterations in a row without a learning signal, below the best
 
     def resume(self, history: list[dict]) -> None:
         self.monitor = HackingMonitor(self.cfg.warning_window, history)
+        for row in history:
+            self.no_signal(row)
+
+    def no_signal(self, stats: dict) -> int:
+        """Iterations in a row, this one included, in which the policy got no learning signal
+        (every group's rewards tied, or its entropy under 0.01 nats) while the iteration's
+        reward was below the best so far by more than a tenth of the range seen; else 0."""
+        score = stats["score"]
+        self.best = score if self.best is None else max(self.best, score)
+        self.worst = score if self.worst is None else min(self.worst, score)
+        silent = stats.get("zero_groups", 0.0) >= 1.0 or stats["entropy"] < 0.01
+        below = self.best - score > 0.1 * (self.best - self.worst)
+        self.stuck = self.stuck + 1 if silent and below else 0
+        return self.stuck
 
     def check(self, stats: dict, step: int, beta: float) -> dict:
         """The figures to log with iteration `step` (the signals and hacking_warning); prints
@@ -60,6 +93,9 @@ class RunWatch:
         cfg = self.cfg
         figures, message = self.monitor.update(stats, step)
         lines = [message] if message else []
+        figures["stuck"] = self.no_signal(stats)
+        if figures["stuck"] == STUCK_AFTER:
+            lines.append(stuck_warning(stats, step, self.best))
         if stats["minibatch_steps"] == 0 and not self.idle_warned:
             self.idle_warned = True
             lines.append(idle_update_warning(stats, step, cfg.target_kl))
