@@ -1,6 +1,6 @@
 """What moves the duel game's empty answer? Counterfactual optimizer steps, measured.
 
-    python bench/duel_mechanism.py --seed 0 --iters 12 43     # ~2 min on one CPU thread
+    python bench/duel_mechanism.py --seed 0 --iters 12 43     # ~3 min on one CPU thread
 
 In examples/duel_env.py's game, GRPO at its defaults moves probability onto the empty answer
 (EOS as an action's first token) at some turns, while the rollouts rarely or never sample it
@@ -13,17 +13,33 @@ first) over the minibatch's action starts after each:
 - as_is: AdamW's step, as the run takes it;
 - no_eos_row: the same, with EOS's row of the tied embedding / output layer left where it was;
 - only_eos_row: only that row moved by the step;
-- sgd_same_size: a plain gradient step whose update has the same L2 norm as AdamW's.
-(and eos_row_grad_share: the EOS row's share of the gradient's norm). The run then takes its
-real step and goes on. Writes bench/results/duel_mechanism.json.
+- only_GROUP: only one group of parameters moved by AdamW's step (GROUPS: the embeddings, the
+  attention layers, the MLPs, the layer norms, the final layer norm, the last block);
+- eps_E: AdamW's step with epsilon E in its denominator instead of 1e-8;
+- sgd_same_size: a plain gradient step whose update has the same L2 norm as AdamW's;
+and, after the as_is step, what could have noticed it: the k3 approx-KL of the sampled tokens
+(what the early stop reads, `approx_kl_sampled`) and the KL(before || after) over the whole
+vocabulary at the same positions (`full_kl_mean`, `full_kl_max`); `eos_row_grad_share` is the
+EOS row's share of the gradient's norm. The run then takes its real step and goes on. Writes
+bench/results/duel_mechanism.json.
 
 Measured on 2026-11-26 (seed 0, iterations 12 and 43, AMD EPYC 2-core machine, torch 2.13.0
-CPU): the EOS row is not the cause (no_eos_row equals as_is to 0.01 nats at every step, and
-only_eos_row moves the log-prob by 0.02 at most); AdamW's direction is: in iteration 12 the
-empty answer's largest log-prob over the minibatch rises by up to 0.65 nats a step, from -11.7
-to -7.3 in 9 steps, while a plain step of the same size moves it by 0.08 at most; in
-iteration 43 one step takes it from -3.5 to -0.1 (a 3 % answer becomes a 93 % one), where the
-plain step takes it to -5.5. Which of the trunk's parameters carry it is the next question.
+CPU, revision d2b15a0's training code):
+- The EOS row is not the cause: no_eos_row equals as_is to 0.01 nats at every step, and
+  only_eos_row moves the log-prob by 0.02 at most.
+- AdamW's direction is. In iteration 12 the empty answer's largest log-prob over the minibatch
+  rises by up to 0.65 nats a step, from -11.7 to -7.3 in 9 steps, while a plain step of the
+  same size moves it by 0.08 at most; in iteration 43 one step takes it from -3.5 to -0.07 (a
+  3 % answer becomes a 93 % one), where the plain step takes it to -5.5.
+- The trunk's matrices carry it, not the embeddings or the layer norms: at that step, only the
+  attention layers' part of the step takes it to -0.42 and only the MLPs' to -2.16, while the
+  embeddings' (-3.22) and the layer norms' (-3.51) leave it; in iteration 12 the attention
+  and MLP parts each give about half of the rise.
+- A larger epsilon does not stop it: 1e-6 and 1e-5 leave the jump (-0.07, -0.12), 1e-4 halves
+  it (-0.96, still a 38 % answer).
+- The early stop sees it only after the step: the sampled tokens' approx-KL after the jump is
+  0.21 (the stop's threshold: 0.02), the whole vocabulary's KL 0.25 on average over the
+  minibatch's tokens and 5.0 at the worst one.
 """
 from __future__ import annotations
 
@@ -45,6 +61,16 @@ from mingpt_rlhf import optim, ppo_trainer  # noqa: E402
 from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "duel_mechanism.json")
+# groups of the actor's parameters, by name: the counterfactual "only_<group>" moves only them
+GROUPS = {
+    "embeddings": lambda n: ".wte." in n or ".wpe." in n,
+    "attention": lambda n: ".attn." in n,
+    "mlp": lambda n: ".mlp." in n,
+    "layernorms": lambda n: ".ln_" in n,
+    "final_layernorm": lambda n: ".ln_f." in n,
+    "last_block": lambda n: n.startswith("transformer.h.") and n.split(".")[2] == LAST_BLOCK[0],
+}
+LAST_BLOCK = ["3"]  # set from the model's n_layer
 
 
 def probe(seed: int, probe_iters: set, work: str) -> list:
@@ -67,14 +93,35 @@ def probe(seed: int, probe_iters: set, work: str) -> list:
         start = am & ~torch.cat([torch.zeros_like(am[:, :1]), am[:, :-1]], 1)
         return lp[start].max().item()
 
+    @torch.no_grad()
+    def all_logprobs(actor, mb):
+        T = mb.prompt_len
+        hidden = actor.trunk(mb.sequences, mb.attention_mask)[:, T - 1:-1]
+        return torch.log_softmax(actor.logits(hidden).float(), -1)  # (B, N, V)
+
+    @torch.no_grad()
+    def kl_seen(actor, mb, old_logp):
+        """After a step: the k3 approx-KL of the sampled tokens (what the early stop reads)
+        and the KL(before || after) over the whole vocabulary at the same positions, as a mean
+        over the action tokens and at the worst one."""
+        new_logp = all_logprobs(actor, mb)
+        am = mb.action_mask.bool()
+        taken = mb.sequences[:, mb.prompt_len:]
+        lr = (new_logp - old_logp).gather(-1, taken[..., None]).squeeze(-1)[am]
+        full = (old_logp.exp() * (old_logp - new_logp)).sum(-1)[am]
+        return {"approx_kl_sampled": (lr.exp() - 1 - lr).mean().item(),
+                "full_kl_mean": full.mean().item(), "full_kl_max": full.max().item()}
+
     orig_step_opt = optim.Optimizer.step
     def opt_step(self):
         tr = state["trainer"]
         if tr is None or self is not tr.actor_opt or state["it"] not in probe_iters:
             return orig_step_opt(self)
         actor, mb = tr.actor, state["mb"]
+        LAST_BLOCK[0] = str(actor.config.n_layer - 1)
         wte = actor.transformer.wte.weight
         before = empty_max(actor, mb)
+        old_logp = all_logprobs(actor, mb)
         saved_p = [p.detach().clone() for p in self.params]
         saved_g = [None if p.grad is None else p.grad.clone() for p in self.params]
         saved_o = copy.deepcopy(self.adamw.state_dict())
@@ -84,6 +131,7 @@ def probe(seed: int, probe_iters: set, work: str) -> list:
                 for p, s, g in zip(self.params, saved_p, saved_g):
                     p.copy_(s); p.grad = None if g is None else g.clone()
             self.adamw.load_state_dict(copy.deepcopy(saved_o))
+        names = {id(p): n for n, p in actor.named_parameters()}
         for name in ("as_is", "no_eos_row", "only_eos_row"):
             restore()
             with torch.no_grad():
@@ -100,6 +148,26 @@ def probe(seed: int, probe_iters: set, work: str) -> list:
                         else:
                             p.copy_(s)
             res[name] = empty_max(actor, mb)
+            if name == "as_is":  # what the early stop and a full-vocabulary KL see of the step
+                res.update(kl_seen(actor, mb, old_logp))
+        # AdamW's step on one group of parameters only (the rest put back)
+        for group, members in GROUPS.items():
+            restore()
+            orig_step_opt(self)
+            with torch.no_grad():
+                for p, s in zip(self.params, saved_p):
+                    if not members(names[id(p)]):
+                        p.copy_(s)
+            res["only_" + group] = empty_max(actor, mb)
+        # the same step with a larger epsilon in AdamW's denominator
+        for eps in (1e-6, 1e-5, 1e-4):
+            restore()
+            for g in self.adamw.param_groups:
+                g["eps"] = eps
+            orig_step_opt(self)
+            for g in self.adamw.param_groups:
+                g["eps"] = 1e-8
+            res[f"eps_{eps:g}"] = empty_max(actor, mb)
         # (d) a plain gradient step, scaled to Adam's update norm
         restore()
         orig_step_opt(self)
