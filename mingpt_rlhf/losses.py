@@ -281,21 +281,19 @@ def score_shaping_of(cfg) -> str:
 
 # ----------------------------------------------------------------------------- the two calls
 def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, spec: LossSpec,
-                          kl_coef: float, for_update: bool = True, weights=None, entropy=None):
+                          kl_coef: float, for_update: bool = True, weights=1.0, entropy=None):
     """(rewards, advantages, returns), each (B, N), of a scored rollout batch.
 
     placed: (B, N) the rewards where they land; logprobs, ref_logprobs, values: (B, N) at
     sampling time. The KL placement shapes the rewards, the advantage entry turns them into
-    advantages, then `weights` (an off-policy correction's, >= 0) and LEARN_TOKENS's choice
-    (from `entropy`) multiply them. `for_update` False: an eval batch (no groups)."""
+    advantages, then `weights` (an off-policy correction's, >= 0; 1: none) and LEARN_TOKENS's
+    choice (from `entropy`) multiply them. `for_update` False: an eval batch (no groups)."""
     rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec,
                                            kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
                                                                spec, for_update)
-    if weights is not None:
-        advantages = advantages * weights
-    advantages = advantages * LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update)
-    return rewards, advantages, returns
+    learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update)
+    return rewards, advantages * weights * learn, returns
 
 
 def actor_loss(logprobs, entropy, old_logprobs, ref_logprobs, advantages, action_mask,

@@ -61,7 +61,7 @@ class CurrentWeights:
 def same_policy(learner, sampler, action_mask):
     """(Correction, figures) where the sampler's log-probs are the learner's: the ratio
     against the learner's own, no weight, nothing to measure (else `against_sampler`)."""
-    return Correction(learner, None), {}
+    return Correction(learner, 1.0), {}
 
 
 def resolve_auto_options(cfg):
@@ -204,6 +204,12 @@ class PPOTrainer:
             self.sample = self.sample_in_slices
         if getattr(cfg, "learn_batch_size", 0):  # the activations of fewer rows at a time
             self.slices = self.slices_of_size
+        if value_head is not None:  # the critic: separate (PPO's default), shared, or none
+            self.values_of, self.value_loss_in_actor = self.head_values, self.shared_value_loss
+        if critic is None:
+            self.critic_step = self.no_critic_step
+            if value_head is None:
+                self.values_of = self.no_values
         rows, self.unit = ROWS_TO_LEARN.get(self.spec.policy_loss, (every_row, 1))
         self.shape_scores = SCORE_SHAPING[score_shaping_of(cfg)]
         if self.reuse_sampler_logprobs or not self.sampler_scores:  # nothing to correct
@@ -244,16 +250,26 @@ class PPOTrainer:
         hidden = hidden[:, T - 1:-1]                                     # (B, N, C)
         logprobs, ent = lm_logprobs(self.actor, hidden, sequences[:, T:], self.cfg.temperature,
                                     self.suppress, entropy)
-        if self.value_head is not None:
-            values = self.value_head(hidden).squeeze(-1)                    # (B, N)
-        else:
-            values = (self.critic_values(sequences, attention_mask, T)
-                      if with_values and self.critic is not None else None)
+        values = self.values_of(hidden, sequences, attention_mask, T, with_values)
         return (logprobs, ent, values) if ptx is None else (logprobs, ent, values, ptx_loss)
 
     def critic_values(self, sequences, attention_mask, T: int):
         """(B, N) values of the separate critic at the positions before each response token."""
         return self.critic(sequences, attention_mask)[:, T - 1:-1]
+
+    def values_of(self, hidden, sequences, attention_mask, T: int, wanted: bool = True):
+        """The separate critic's values (B, N) if `wanted` (not in the learning pass: that
+        critic learns in `critic_step`). `__init__` swaps in `head_values` or `no_values`."""
+        return self.critic_values(sequences, attention_mask, T) if wanted else None
+
+    def head_values(self, hidden, sequences, attention_mask, T: int, wanted: bool = True):
+        """`values_of` with a shared value head: read from the actor's hidden states (B, N, C),
+        in every pass (the learning pass's feed its value loss)."""
+        return self.value_head(hidden).squeeze(-1)
+
+    @staticmethod
+    def no_values(hidden, sequences, attention_mask, T: int, wanted: bool = True):
+        return None  # critic-free (GRPO, RLOO, ...): experience_from puts zeros
 
     def ref_logprobs(self, sequences, attention_mask, T: int):
         """(B, N) log-probs of the response tokens under the frozen reference."""
@@ -373,9 +389,7 @@ class PPOTrainer:
             with self.amp():
                 if reuse:  # the sampler's own (docs/methods.md, "Why the ratio is still right")
                     lp, ent = out.logprobs[rows], out.entropy[rows]
-                    val = (self.value_head(out.hidden[rows]).squeeze(-1) if self.value_head is not None
-                           else self.critic_values(seqs[rows], attn[rows], T) if self.critic is not None
-                           else None)
+                    val = self.values_of(out.hidden[rows], seqs[rows], attn[rows], T)
                 else:
                     lp, ent, val = self.policy_and_values(seqs[rows], attn[rows], T, "value")
                 ref_lp = self.ref_logprobs(seqs[rows], attn[rows], T)
@@ -414,8 +428,10 @@ class PPOTrainer:
         learner's (a lagging sampler, or low precision with --offpolicy): the run's entry of
         offpolicy.OFFPOLICY. Where they are the same, `__init__` puts offpolicy.same_policy
         here instead."""
-        return correct(self.offpolicy, logprobs, sampler_logprobs.float() * action_mask,
-                       action_mask, self.is_cap)
+        (old, weights), figures = correct(self.offpolicy, logprobs,
+                                          sampler_logprobs.float() * action_mask, action_mask,
+                                          self.is_cap)
+        return Correction(old, 1.0 if weights is None else weights), figures
 
     def group_baselined(self, rewards, prompts):
         """(B,) advantages of GRPO / Dr. GRPO / RLOO from (B,) sequence rewards, by the
@@ -496,11 +512,7 @@ class PPOTrainer:
                 logprobs, entropy, part.logprobs, part.ref_logprobs, part.advantages,
                 part.action_mask, self.spec, self.kl_ctl.value, self.budget, tokens,
                 part.start_logprobs)
-            if self.value_head is not None:  # shared trunk: one loss, one optimizer
-                vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
-                                     cfg.clip_range_value, tokens)
-                loss = loss + cfg.vf_coef * vf_loss
-                part_figures["vf_loss"] = vf_loss
+            loss = loss + self.value_loss_in_actor(values, part, tokens, part_figures)
             if ptx_loss:  # InstructGPT's PPO-ptx, a mean over every process's targets
                 ptx_loss = ptx_loss[0] * token_share(ptx[1] >= 0)
                 loss = loss + cfg.ptx_coef * k * ptx_loss  # (times k: the slices divide by k)
@@ -516,19 +528,39 @@ class PPOTrainer:
             self.actor_opt.discard()
             return figures, False, kl
         stepped = self._finish(self.actor_opt, finite)
-        if self.critic is not None:
-            finite = True
-            for part in parts:
-                with self.amp():
-                    values = self.critic_values(part.sequences, part.attention_mask, part.prompt_len)
-                vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
-                                     cfg.clip_range_value, tokens)
-                finite = finite and not all_agree(not torch.isfinite(vf_loss))
-                if finite:
-                    self.critic_opt.backward(vf_loss / k)
-                figures["vf_loss"] = figures.get("vf_loss", 0.0) + vf_loss.detach().float() / k
-            self._finish(self.critic_opt, finite)
+        self.critic_step(parts, tokens, figures)
         return figures, stepped, 0.0
+
+    def value_loss_in_actor(self, values, part: Experience, tokens, figures: dict):
+        """Nothing for a separate critic (`critic_step`); a shared head's: `shared_value_loss`."""
+        return 0.0
+
+    def shared_value_loss(self, values, part: Experience, tokens, figures: dict):
+        """A shared value head's clipped value loss x vf_coef, in the actor's loss: one trunk,
+        one backward, one optimizer."""
+        vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
+                             self.cfg.clip_range_value, tokens)
+        figures["vf_loss"] = vf_loss
+        return self.cfg.vf_coef * vf_loss
+
+    def critic_step(self, parts: list[Experience], tokens, figures: dict) -> None:
+        """The separate critic's step on the minibatch's slices: its clipped value loss (with a
+        shared head or no critic, `__init__` swaps in `no_critic_step`)."""
+        cfg, k, finite = self.cfg, len(parts), True
+        for part in parts:
+            with self.amp():
+                values = self.critic_values(part.sequences, part.attention_mask, part.prompt_len)
+            vf_loss = value_loss(values.float(), part.values, part.returns, part.action_mask,
+                                 cfg.clip_range_value, tokens)
+            finite = finite and not all_agree(not torch.isfinite(vf_loss))
+            if finite:
+                self.critic_opt.backward(vf_loss / k)
+            figures["vf_loss"] = figures.get("vf_loss", 0.0) + vf_loss.detach().float() / k
+        self._finish(self.critic_opt, finite)
+
+    @staticmethod
+    def no_critic_step(parts, tokens, figures) -> None:
+        pass
 
     def _finish(self, optimizer: Optimizer, finite: bool) -> bool:
         """The step after the backward passes, skipped (and counted) if a loss was not finite."""

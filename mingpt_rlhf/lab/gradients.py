@@ -144,7 +144,7 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
         if row.whiten:
             _, advantages, _ = experience_advantages(place, stored_lp, ref_lp, value, mask, spec,
                                                      world.beta, True,
-                                                     weight if weights is not None else None,
+                                                     weight if weights is not None else 1.0,
                                                      ent.detach())
         else:  # the component: gae's advantages as they are before the whitening
             rewards = place
