@@ -1,0 +1,54 @@
+"""Why a collapsed group method stays collapsed with the KL in the reward, and comes back with
+it in the loss (the duel game's failure, docs/troubleshooting.md), at tiny size.
+
+The actor is the reference with its EOS logit raised at every position, so that it answers
+every prompt with the empty response (EOS first), as the duel game's collapsed runs do, and
+that answer scores 0 everywhere: every group of GRPO ties. With the KL in the reward, each
+response of a group carries the same penalty, every advantage is 0, and one whole update
+leaves the weights exactly where they were: nothing pulls the policy back. With the KL in the
+loss its gradient does not go through the advantages, and the update lowers the empty
+answer's probability towards the reference's."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from test_critic_free import grouped_prompts
+from test_ppo_trainer import EOS, Cfg, make_trainer
+
+
+def collapsed_trainer(kl_in: str):
+    def zero(sequences, attention_mask, action_mask, **fields):
+        return torch.zeros(len(sequences))
+    tr = make_trainer(replace(Cfg(algo="grpo", group_size=4, kl_in=kl_in, missing_eos_penalty=0.0),
+                              actor_lr=1e-2), critic_free=True)
+    tr.reward_fn = zero
+    with torch.no_grad():  # EOS first everywhere: the final layer norm's bias along EOS's row
+        row = tr.actor.transformer.wte.weight[EOS]
+        tr.actor.transformer.ln_f.bias += 10 * row / row.norm() ** 2   # +10 on its logit
+    return tr
+
+
+def eos_first(tr, ids, mask):
+    """log p(EOS as the first token) of each prompt under the actor (B,)."""
+    with torch.no_grad():
+        hidden = tr.actor.trunk(ids, mask)[:, -1]
+        return torch.log_softmax(tr.actor.logits(hidden).float(), -1)[:, EOS]
+
+
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_a_collapsed_group_comes_back_only_with_the_kl_in_the_loss(kl_in):
+    tr = collapsed_trainer(kl_in)
+    ids, mask = grouped_prompts(2, 4)
+    before = eos_first(tr, ids, mask)
+    weights = [p.detach().clone() for p in tr.actor.parameters()]
+    exp, stats = tr.step([(ids, mask)], torch.Generator().manual_seed(0),
+                         torch.Generator().manual_seed(1))[0][0], None
+    assert (exp.action_mask.sum(-1) == 1).all() and (exp.sequences[:, -1] == EOS).all()
+    assert before.min() > -1e-2   # the empty answer is nearly all of the probability
+    after = eos_first(tr, ids, mask)
+    if kl_in == "reward":  # every advantage 0: the update moved nothing
+        assert (exp.advantages == 0).all()
+        assert all(torch.equal(p, w) for p, w in zip(tr.actor.parameters(), weights))
+    else:                  # pulled towards the reference, whose EOS-first is far less likely
+        assert (after < before - 0.1).all(), (before, after)
