@@ -42,6 +42,41 @@ def bench_module(name: str):
     return importlib.import_module(name)
 
 
+def example_game(filename: str, class_name: str):
+    """(module, --env spec) of a game in examples/, loaded from its file as a user's would be."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                        filename)
+    spec = importlib.util.spec_from_file_location(filename[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, f"{path}:{class_name}"
+
+
+def sft_then_rl_on_a_game(tmp_path, module, env: str, algo: str) -> list[dict]:
+    """A tiny SFT on 400 of the teacher's episodes, then two RL iterations, through the
+    scripts' mains as a user runs them; the RL run's metrics lines."""
+    import train_ppo
+    import train_sft
+    from mingpt_rlhf.machinery.metrics import read_metrics
+    path = tmp_path / "demos.jsonl"
+    module.write_demonstrations(str(path), episodes=400)
+    train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), data=str(path), env=env,
+                                    max_iters=20, eval_interval=20, eval_prompts=8,
+                                    batch_size=16, warmup_iters=2, max_new_tokens=3,
+                                    n_layer=1, n_head=2, n_embd=32))
+    assert {"win", "illegal", "empty"} <= set(read_metrics(str(tmp_path / "sft" / "metrics.jsonl"))[-1])
+    groups = {"group_size": 4} if algo != "ppo" else {}
+    train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / algo), sft_dir=str(tmp_path / "sft"),
+                                    env=env, algo=algo, max_new_tokens=3, max_iters=2,
+                                    rollout_batch_size=16, minibatch_size=8, eval_interval=2,
+                                    eval_prompts=8, **groups))
+    rows = read_metrics(str(tmp_path / algo / "metrics.jsonl"))
+    assert [r["step"] for r in rows if "pg_loss" in r][-1] == 2
+    assert 0.0 <= rows[-1]["win"] <= 1.0
+    return rows
+
+
 def left_pad(rows, pad_id=0):
     """List of token lists -> (ids, mask), left-padded to the longest row."""
     T = max(len(r) for r in rows)

@@ -1,23 +1,13 @@
 """The corridor example game (examples/corridor_env.py): its rules, that perfect play wins every
 held-out episode and the teacher about a quarter, that its demonstrations are SFT data, and a
 tiny SFT -> PPO run on it through the scripts, as a user would run them."""
-import importlib.util
-import os
-
 import pytest
 
-import train_ppo
-import train_sft
-from test_scripts import read_metrics
+from conftest import example_game, sft_then_rl_on_a_game
 from mingpt_rlhf.data import Transcript, load_sft_jsonl
 from mingpt_rlhf.methods.episodes import HELD_OUT_SEEDS, load_env
 
-PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                    "examples", "corridor_env.py")
-SPEC = PATH + ":Corridor"
-_spec = importlib.util.spec_from_file_location("corridor_env", PATH)
-corridor = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corridor)
+corridor, SPEC = example_game("corridor_env.py", "Corridor")
 Corridor = corridor.Corridor
 
 
@@ -85,18 +75,5 @@ def test_the_teachers_demonstrations_parse_as_sft_episodes(tmp_path):
 
 
 def test_sft_then_ppo_on_the_game_run_end_to_end(tmp_path):
-    path = tmp_path / "demos.jsonl"
-    corridor.write_demonstrations(str(path), episodes=400)
-    train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), data=str(path), env=SPEC,
-                                    max_iters=20, eval_interval=20, eval_prompts=8,
-                                    batch_size=16, warmup_iters=2, max_new_tokens=3,
-                                    n_layer=1, n_head=2, n_embd=32))
-    assert {"win", "illegal", "empty"} <= set(read_metrics(tmp_path / "sft")[-1])
-    train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "ppo"), sft_dir=str(tmp_path / "sft"),
-                                    env=SPEC, algo="ppo", max_new_tokens=3, max_iters=2,
-                                    rollout_batch_size=16, minibatch_size=8,
-                                    eval_interval=2, eval_prompts=8))
-    rows = read_metrics(tmp_path / "ppo")
-    assert [r["step"] for r in rows if "pg_loss" in r][-1] == 2
-    assert 0.0 <= rows[-1]["win"] <= 1.0
+    rows = sft_then_rl_on_a_game(tmp_path, corridor, SPEC, "ppo")
     assert [r["stuck"] for r in rows if "pg_loss" in r] == [0, 0]   # logged every iteration

@@ -1,23 +1,13 @@
 """The two-player example game (examples/duel_env.py): its rules, that perfect play wins every
 held-out opening and the teacher about half, that its demonstrations are SFT data, and a tiny
 SFT -> GRPO run on it through the scripts, as a user would run them."""
-import importlib.util
-import os
-
 import pytest
 
-import train_ppo
-import train_sft
-from test_scripts import read_metrics
+from conftest import example_game, sft_then_rl_on_a_game
 from mingpt_rlhf.data import Transcript, load_sft_jsonl
 from mingpt_rlhf.methods.episodes import HELD_OUT_SEEDS, load_env
 
-PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                    "examples", "duel_env.py")
-SPEC = PATH + ":Duel"                 # what a user passes to --env
-_spec = importlib.util.spec_from_file_location("duel_env", PATH)
-duel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(duel)
+duel, SPEC = example_game("duel_env.py", "Duel")   # SPEC: what a user passes to --env
 Duel = duel.Duel
 
 
@@ -129,18 +119,4 @@ def test_the_teachers_demonstrations_parse_as_sft_episodes(tmp_path):
 
 
 def test_sft_then_grpo_on_the_game_run_end_to_end(tmp_path):
-    path = tmp_path / "demos.jsonl"
-    duel.write_demonstrations(str(path), episodes=400)
-    train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), data=str(path), env=SPEC,
-                                    max_iters=20, eval_interval=20, eval_prompts=8,
-                                    batch_size=16, warmup_iters=2, max_new_tokens=3,
-                                    n_layer=1, n_head=2, n_embd=32))
-    sft = read_metrics(tmp_path / "sft")[-1]
-    assert {"win", "illegal", "empty"} <= set(sft)
-    train_ppo.main(train_ppo.Config(out_dir=str(tmp_path / "grpo"), sft_dir=str(tmp_path / "sft"),
-                                    env=SPEC, algo="grpo", max_new_tokens=3, max_iters=2,
-                                    rollout_batch_size=16, group_size=4, minibatch_size=8,
-                                    eval_interval=2, eval_prompts=8))
-    rows = read_metrics(tmp_path / "grpo")
-    assert [r["step"] for r in rows if "pg_loss" in r][-1] == 2
-    assert 0.0 <= rows[-1]["win"] <= 1.0
+    sft_then_rl_on_a_game(tmp_path, duel, SPEC, "grpo")
