@@ -54,6 +54,21 @@ from mingpt_rlhf.machinery.watch import RunWatch
 
 # --help's groups: the recipe's options first (RECIPE: every option below without a group), then
 # each variant's options under its name (which runs read which: READ_ONLY_WITH, machinery/rl_options.py)
+EXAMPLES = """
+More runs:
+
+    python train_ppo.py --critic shared         # value head on the actor's trunk (cheaper)
+    python train_ppo.py --prompts prompts.jsonl --ptx_data demos.jsonl
+    python train_ppo.py --lora_rank 16          # LoRA: the reference is the actor, adapters off
+    python train_ppo.py --rm_dir out/rm_ensemble --ensemble_combine wco   # an ensemble's minimum
+    torchrun --standalone --nproc_per_node 2 train_ppo.py   # 2 GPUs or CPU processes share each batch
+    python train_ppo.py --algo grpo --reward task          # no reward model: the task's own check
+    python train_ppo.py --task sort --sft_dir out/sort/sft --algo grpo --reward task
+    python train_ppo.py --reward my_reward.py:score       # your function(prompts, responses)
+    python train_ppo.py --env guess --algo grpo --max_new_tokens 3 --sft_dir out/guess/sft \\
+        --out_dir out/guess/grpo    # episodes with an environment (docs/multiturn.md)
+"""
+
 RECIPE = "PPO, the recipe: data, sizes, sampling, learning rates, KL, GAE, clip, critic, eval"
 CRITIC_FREE = "GRPO, RLOO and REINFORCE++: no critic (--algo grpo | rloo | reinforce++)"
 ONLINE_DPO = "online DPO (--algo online_dpo)"

@@ -93,3 +93,21 @@ def test_the_groups_parse_what_the_flat_list_parsed(script):
                                     "--env", "guess", "--mask_env", "false", "--resume"])
         assert cfg == train_ppo.Config(algo="grpo", group_size=4, lora_rank=8, env="guess",
                                        mask_env=False, resume=True)
+
+
+def test_train_ppo_help_shows_its_examples_after_the_docstring(capsys):
+    """The script's EXAMPLES (commands for the other methods and the machinery) follow its
+    module docstring in --help, each a command that parses."""
+    import pytest
+
+    import train_ppo
+    from mingpt_rlhf.machinery.cli import run
+    with pytest.raises(SystemExit) as e:
+        run(train_ppo.main, train_ppo.Config, ["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.index("Stage 3 of RLHF") < out.index("More runs:")
+    commands = [line.split("#")[0].split("train_ppo.py", 1)[1].replace("\\", "").split()
+                for line in train_ppo.EXAMPLES.splitlines() if "train_ppo.py" in line]
+    assert len(commands) == 9
+    for argv in commands:
+        build_parser(train_ppo.Config).parse_args(argv)   # every option of every example exists

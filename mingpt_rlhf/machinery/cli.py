@@ -101,8 +101,10 @@ def parse_config(config_cls, argv=None, description: str = ""):
 
 
 def run(main, config_cls, argv=None):
-    """Parse the command line into `config_cls`, call `main(cfg)`; a UserError exits with 2."""
-    description = sys.modules[main.__module__].__doc__ or ""
+    """Parse the command line into `config_cls`, call `main(cfg)`; a UserError exits with 2.
+    --help shows the script's module docstring, then its EXAMPLES (if it has them)."""
+    module = sys.modules[main.__module__]
+    description = (module.__doc__ or "") + getattr(module, "EXAMPLES", "")
     try:
         cfg = parse_config(config_cls, argv, description)
         return main(cfg)
