@@ -1,0 +1,100 @@
+"""pass@k of the sort task's SFT policy and of GRPO trained from it: does RL only sharpen?
+
+    python bench/passk.py                              # seeds 0 1 2, n = 1024, 200 problems
+    python bench/passk.py --seeds 0 --n 256            # a quicker look
+    python bench/passk.py --table                      # the table from the JSON
+
+For each seed: SFT on the sort task's teacher (`train_sft.py --task sort --seed S`), then GRPO
+on the exact-match check (`train_ppo.py --task sort --reward task --algo grpo --seed S`, every
+other option at its default); then each policy answers each of the first --problems held-out
+problems --n times at temperature 1, and pass@k is estimated without bias from those draws
+(mingpt_rlhf/lab/passk.py) for k = 1, 2, 4, ..., up to --n, over all the problems and over
+the never-seen ones (held-out problems whose digits no training problem holds: their answers
+were never shown). Each policy's counts are saved to bench/results/passk.json as they end (a
+killed bench goes on where it stopped). Yue et al. (2025) report that RL raises pass@1 while
+the model it started from solves more problems at large k: the curves would cross.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import results_file  # noqa: E402
+import torch  # noqa: E402
+
+import train_ppo  # noqa: E402
+import train_sft  # noqa: E402
+from mingpt_rlhf.lab.passk import pass_at_k_curve, right_answers  # noqa: E402
+from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.tasks import get_task  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results", "passk.json")
+
+
+def counts_of(policy_dir: str, task, n: int, problems: int, seed: int) -> dict:
+    """{"right": c per problem, "unseen": whether each problem's answer was never shown}."""
+    model, tokenizer, _ = load_policy(policy_dir, flag="policy")
+    prompts = task.prompts("eval")[:problems]
+    generator = torch.Generator().manual_seed(seed)
+    right = right_answers(model, tokenizer, task, prompts, n, max_new_tokens=16,
+                          generator=generator)
+    return {"right": right, "unseen": [task.unseen(p) for p in prompts]}
+
+
+def curves(run: dict, n: int) -> dict:
+    ks = [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    unseen = [(n, c) for c, u in zip(run["right"], run["unseen"]) if u]
+    return {"all": pass_at_k_curve([(n, c) for c in run["right"]], ks),
+            "unseen": pass_at_k_curve(unseen, ks) if unseen else {}}
+
+
+def table(result: dict) -> None:
+    n = result["n"]
+    for key, run in sorted(result["runs"].items()):
+        c = curves(run, n)
+        print(f"{key:12s} " + " ".join(f"@{k} {v:.3f}" for k, v in c["all"].items())
+              + f"   unseen ({sum(run['unseen'])}): "
+              + " ".join(f"@{k} {v:.3f}" for k, v in c["unseen"].items()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--n", type=int, default=1024, help="answers sampled per problem")
+    ap.add_argument("--problems", type=int, default=200, help="held-out problems (the first ones)")
+    ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_passk"))
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--table", action="store_true", help="only print the table of the JSON")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    result = results_file.load(args.results)
+    if not args.table:
+        if result.get("n", args.n) != args.n or result.get("problems", args.problems) != args.problems:
+            sys.exit(f"{args.results} holds n={result['n']}, problems={result['problems']}: "
+                     f"pass another --results for other sizes")
+        result.update(n=args.n, problems=args.problems)
+        for seed in args.seeds:
+            task = get_task("sort", seed=seed)
+            sft = os.path.join(args.work, f"seed{seed}", "sft")
+            grpo = os.path.join(args.work, f"seed{seed}", "grpo")
+            if not os.path.exists(os.path.join(sft, "ckpt.pt")):
+                train_sft.main(train_sft.Config(out_dir=sft, task="sort", seed=seed))
+            if not os.path.exists(os.path.join(grpo, "ckpt.pt")):
+                train_ppo.main(train_ppo.Config(out_dir=grpo, sft_dir=sft, task="sort",
+                                                reward="task", algo="grpo", seed=seed))
+            for name, folder in (("sft", sft), ("grpo", grpo)):
+                key = f"{name}/{seed}"
+                if key not in result["runs"]:
+                    result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
+                    results_file.save(args.results, result)
+    table(result)
+
+
+if __name__ == "__main__":
+    main()
