@@ -127,6 +127,8 @@ def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
 def token_share(mask: torch.Tensor) -> float:
     """The factor that turns this process's token mean into its part of the whole batch's
     token mean: its token count / `tokens_per_rank` (1 in one process)."""
+    if not is_distributed():  # no count to take, and no host sync in the minibatch loop
+        return 1.0
     return (mask.sum().clamp(min=1) / tokens_per_rank(mask)).item()
 
 
