@@ -50,9 +50,9 @@ def stuck_warning(stats: dict, step: int, best: float) -> str:
            f"the policy writes one answer (entropy {stats['entropy']:.3f} nats)")
     return (f"warning: the run is stuck: for {STUCK_AFTER} iterations up to {step} no learning "
             f"signal reached the policy ({why}) while its reward ({stats['score']:.3f}) stayed "
-            f"below its best ({best:.3f}); such runs rarely recover. Start again with a lower "
-            f"--actor_lr or an --entropy_coef such as 0.01 (docs/troubleshooting.md, \"A run "
-            f"that stopped learning\")")
+            f"below its best ({best:.3f}); such runs rarely recover. Start again with the KL "
+            f"penalty in the loss (--kl_in loss) or a lower --actor_lr (docs/troubleshooting.md, "
+            f"\"A run that stopped learning\")")
 
 
 class RunWatch:
