@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -47,6 +48,8 @@ SHAPES = {"small": dict(n_layer=12, n_head=12, n_embd=768),
 BATCHES = {
     "cpu": dict(prompt=64, new=32, rollouts=8, minibatch=4, epochs=1, sft_batch=8, rm_batch=8),
     "recipe": dict(prompt=256, new=64, rollouts=32, minibatch=8, epochs=1, sft_batch=16, rm_batch=16),
+    # a GPU's fuller batch (bench/gpu_once.py): 64 x 320 tokens per SFT step
+    "gpu": dict(prompt=256, new=64, rollouts=64, minibatch=16, epochs=1, sft_batch=64, rm_batch=32),
 }
 
 
@@ -100,7 +103,7 @@ def prepare(folder: str, shape: str, batch: str) -> None:
         return
     os.makedirs(data, exist_ok=True)
     tok = BPETokenizer.from_pretrained(folder)
-    n = max(64, 2 * b["rollouts"])
+    n = max(64, 2 * b["rollouts"], 8 * b["rm_batch"] + 2)  # room for 8 RM steps
     prompts = texts_of_length(tok, b["prompt"], n, seed=0)
     responses = texts_of_length(tok, b["new"] - 1, n, seed=1)  # + EOS
     others = texts_of_length(tok, b["new"] - 1, n, seed=2)
@@ -160,7 +163,9 @@ def write_rm_checkpoint(folder: str, rm_dir: str) -> None:
 
 
 def worker(spec: dict) -> dict:
-    """One measurement, in this (fresh) process, on the code in spec["code"]."""
+    """One measurement, in this (fresh) process, on the code in spec["code"]. PPO: the last of
+    spec["iters"] iterations (default 1); SFT, RM: the mean of steps 2 ... spec["steps"] - 1
+    (default 3 steps, so the second alone)."""
     sys.path.insert(0, spec["code"])
     import torch
     import train_ppo
@@ -188,7 +193,8 @@ def worker(spec: dict) -> dict:
             stats = out[1]
             result.update(seconds=time.perf_counter() - start,
                           peak_mb=max(result["peak_experience_mb"], result["peak_learn_mb"]),
-                          **{k: stats[k] for k in ("t_generate", "t_score", "t_learn")})
+                          **{k: stats[k] for k in ("t_generate", "t_score", "t_learn")},
+                          finite=all(math.isfinite(v) for v in stats.values() if isinstance(v, float)))
             in_step.clear()
             return out
 
@@ -206,43 +212,90 @@ def worker(spec: dict) -> dict:
         PPOTrainer.learn = phase("peak_learn_mb", PPOTrainer.learn)
         cfg = train_ppo.Config(init_from=folder, rm_dir=rm_dir,
                                prompts=os.path.join(data, "prompts.jsonl"),
-                               ptx_data=os.path.join(data, "demos.jsonl"), max_iters=1,
+                               max_iters=spec.get("iters", 1),
                                rollout_batch_size=b["rollouts"], minibatch_size=b["minibatch"],
                                ppo_epochs=b["epochs"], max_new_tokens=b["new"],
                                eval_prompts=2, eval_interval=10, target_kl=0.0,
                                **common)
+        if cfg.algo == "ppo":  # its pretraining term, read only by PPO
+            cfg.ptx_data = os.path.join(data, "demos.jsonl")
         train_ppo.main(cfg)
     else:
         module = train_sft if spec["stage"] == "sft" else train_rm
-        marks = []
+        marks, steps = [], spec.get("steps", 3)
 
         def mark_each_step(*args, **kwargs):  # the loop calls lr_at once at each step's start
             if len(marks) == 1:
                 meter.reset()
-            marks.append((time.perf_counter(), meter.peak_mb()))
+            peak = meter.peak_mb()  # on a GPU this waits for the queued work first
+            marks.append((time.perf_counter(), peak))
+            if spec.get("profile"):  # steps 2 ... steps - 2 under torch's profiler
+                if len(marks) == 3:
+                    profiler.__enter__()
+                elif len(marks) == steps:
+                    profiler.__exit__(None, None, None)
             return real_lr_at(*args, **kwargs)
+        if spec.get("profile"):
+            from torch.profiler import ProfilerActivity, profile
+            profiler = profile(activities=[ProfilerActivity.CPU] + (
+                [ProfilerActivity.CUDA] if spec["device"] == "cuda" else []))
         real_lr_at = module.lr_at
         module.lr_at = mark_each_step
         if spec["stage"] == "sft":
             cfg = train_sft.Config(init_from=folder, data=os.path.join(data, "demos.jsonl"),
-                                   batch_size=b["sft_batch"], max_iters=3, warmup_iters=1,
+                                   batch_size=b["sft_batch"], max_iters=steps, warmup_iters=1,
                                    eval_interval=10, **common)
         else:
             cfg = train_rm.Config(init_from=folder, data=os.path.join(data, "prefs.jsonl"),
                                   batch_size=b["rm_batch"], epochs=1, warmup_iters=1,
                                   eval_interval=10, norm_samples=0, **common)
             pairs = sum(1 for _ in open(cfg.data))
-            # three steps: as many pairs as three batches (plus the 5 % held out)
+            # `steps` steps: as many pairs as that many batches, plus the 5 % held out
             cut = os.path.join(out_dir, "prefs.jsonl")
             with open(cfg.data) as src, open(cut, "w") as dst:
-                dst.writelines(line for i, line in enumerate(src) if i < min(pairs, 3 * b["rm_batch"] + 2))
+                dst.writelines(line for i, line in enumerate(src)
+                               if i < min(pairs, int(steps * b["rm_batch"] / 0.95) + 2))
             cfg.data = cut
         module.main(cfg)
-        # step 2 runs between the 2nd and 3rd marks
-        result.update(seconds=marks[2][0] - marks[1][0], peak_mb=marks[2][1])
+        # steps 2 ... steps - 1 run between the 2nd and the last mark
+        if len(marks) < steps:
+            raise RuntimeError(f"only {len(marks)} of {steps} steps ran")
+        result.update(seconds=(marks[steps - 1][0] - marks[1][0]) / (steps - 2),
+                      peak_mb=marks[steps - 1][1])
+        if spec.get("profile"):
+            result["profile"] = profile_summary(profiler, steps - 3, spec["profile"])
     import shutil
     shutil.rmtree(out_dir, ignore_errors=True)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def profile_summary(profiler, n_steps: int, path: str) -> dict:
+    """torch's profiler table (by time on the device, else on the CPU) written to `path`, and
+    per step: the device's busy time, the kernels launched, the host waits for the device."""
+    events = profiler.key_averages()
+
+    def device_us(e):
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+    # a kernel's time shows under its own name and again under the operator that launched it:
+    # the device's busy time is that of the kernels alone
+    on_device = sum(device_us(e) for e in events if "CUDA" in str(getattr(e, "device_type", "")))
+    sort = "self_device_time_total" if on_device else "self_cpu_time_total"
+    try:
+        table = events.table(sort_by=sort, row_limit=30)
+    except (AttributeError, KeyError):
+        sort = "self_cuda_time_total" if on_device else "self_cpu_time_total"
+        table = events.table(sort_by=sort, row_limit=30)
+    with open(path, "w") as f:
+        f.write(table)
+    counts = {e.key: e.count for e in events}
+    top = sorted(events, key=lambda e: device_us(e) if on_device else e.self_cpu_time_total,
+                 reverse=True)[:12]
+    return {"steps": n_steps, "device_busy_ms_per_step": round(on_device / 1e3 / n_steps, 2),
+            "kernel_launches_per_step": round(counts.get("cudaLaunchKernel", 0) / n_steps, 1),
+            "host_syncs_per_step": round(sum(counts.get(k, 0) for k in (
+                "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")) / n_steps, 1),
+            "top": [[e.key[:60], round((device_us(e) if on_device else e.self_cpu_time_total)
+                                       / 1e3 / n_steps, 3), e.count // n_steps] for e in top]}
 
 
 # ----------------------------------------------------------------------------- the runs
