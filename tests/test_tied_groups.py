@@ -8,19 +8,28 @@ response of a group carries the same penalty, every advantage is 0, and one whol
 leaves the weights exactly where they were: nothing pulls the policy back. With the KL in the
 loss its gradient does not go through the advantages, and the update lowers the empty
 answer's probability towards the reference's."""
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
+
+from mingpt_rlhf.ppo_trainer import resolve_auto_options
 
 from test_critic_free import grouped_prompts
 from test_ppo_trainer import EOS, Cfg, make_trainer
 
 
-def collapsed_trainer(kl_in: str):
+@dataclass
+class EnvCfg(Cfg):
+    """A run whose rewards come from an environment (`--env`), every "auto" left to resolve."""
+    reward: str = "env"
+    kl_estimator: str = "auto"
+
+
+def collapsed_trainer(kl_in: str, cfg=Cfg):
     def zero(sequences, attention_mask, action_mask, **fields):
         return torch.zeros(len(sequences))
-    tr = make_trainer(replace(Cfg(algo="grpo", group_size=4, kl_in=kl_in, missing_eos_penalty=0.0),
+    tr = make_trainer(replace(cfg(algo="grpo", group_size=4, kl_in=kl_in, missing_eos_penalty=0.0),
                               actor_lr=1e-2), critic_free=True)
     tr.reward_fn = zero
     with torch.no_grad():  # EOS first everywhere: the final layer norm's bias along EOS's row
@@ -52,3 +61,25 @@ def test_a_collapsed_group_comes_back_only_with_the_kl_in_the_loss(kl_in):
         assert all(torch.equal(p, w) for p, w in zip(tr.actor.parameters(), weights))
     else:                  # pulled towards the reference, whose EOS-first is far less likely
         assert (after < before - 0.1).all(), (before, after)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_with_an_environment_group_methods_put_the_kl_in_the_loss(algo):
+    """The default a user's game gets: the KL in the loss (k3) for grpo and rloo with --env;
+    without --env, and for PPO, the KL stays in the reward (k1)."""
+    with_env = resolve_auto_options(EnvCfg(algo=algo, kl_in="auto"))
+    assert (with_env.kl_in, with_env.kl_estimator) == ("loss", "k3")
+    assert resolve_auto_options(replace(EnvCfg(algo=algo, kl_in="auto"), reward="rm")).kl_in == "reward"
+    assert resolve_auto_options(EnvCfg(algo="ppo", kl_in="auto")).kl_in == "reward"
+    assert resolve_auto_options(EnvCfg(algo=algo, kl_in="reward")).kl_in == "reward"  # as given
+
+
+def test_a_collapsed_game_comes_back_at_the_defaults():
+    """The duel game's collapse at tiny size, with every KL option at its default and the
+    rewards from an environment: the update moves the empty answer's probability back down
+    (with the KL in the reward, the default before, it moved nothing)."""
+    tr = collapsed_trainer("auto", cfg=EnvCfg)
+    ids, mask = grouped_prompts(2, 4)
+    before = eos_first(tr, ids, mask)
+    tr.step([(ids, mask)], torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+    assert (eos_first(tr, ids, mask) < before - 0.1).all()
