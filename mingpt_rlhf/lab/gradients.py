@@ -91,10 +91,13 @@ def arbitrary_values(seed: int = 7) -> torch.Tensor:
 
 
 def expected_update(row: Row, table: torch.Tensor, world: World,
-                    behind: torch.Tensor | None = None) -> torch.Tensor:
+                    behind: torch.Tensor | None = None, coin: bool = False) -> torch.Tensor:
     """(P, V) the direction the trainer moves the table in expectation: minus the gradient of
     the expected loss over every batch the sampler can draw, at the learner's `table`
     (`behind`: the policy one update earlier, for the samplers other than "current").
+    `coin`: each response's reward a fair coin (0 or 1) of its own instead of the world's r(y),
+    every outcome of the batch's coins listed too (a random reward: lab/spurious.py); rows
+    without a critic only.
 
     The loss of each batch is the trainer's own, from losses.py: `experience_advantages`
     (the KL penalty, the advantages, TIS weights) on the sampler's numbers, then
@@ -127,6 +130,8 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
         old = stored                        # the ratio's denominator
     placed = torch.zeros_like(action_mask)
     placed[torch.arange(len(RESPONSES)), action_mask.sum(-1).long() - 1] = world.reward
+    if coin and spec.advantages == "gae":
+        raise ValueError("coin rewards are for the rows without a critic")
     if spec.advantages == "gae" and row.values == "exact":
         penalty = (KL_ESTIMATORS[spec.kl_estimator](stored, ref) * action_mask
                    if spec.kl_in == "reward" else 0.0)
@@ -139,6 +144,14 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
     # every ordered batch: (Y^n, n) indices into RESPONSES, and its probability
     index = torch.cartesian_prod(*[torch.arange(len(RESPONSES))] * row.batch).view(-1, row.batch)
     prob = sampler.sum(-1).exp()[index].prod(-1)                       # (Y^n,)
+    batch_placed = placed[index]                                       # (Y^n, n, N)
+    if coin:  # every batch once per outcome of its n coins, each outcome 1 / 2^n likely
+        flips = torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=torch.float64)] * row.batch)
+        flips = flips.view(-1, row.batch)                              # (2^n, n)
+        index = index.repeat_interleave(len(flips), 0)
+        prob = prob.repeat_interleave(len(flips)) / len(flips)
+        last = (torch.arange(MAX_LEN) == action_mask.sum(-1, keepdim=True) - 1).double()
+        batch_placed = last[index] * flips.repeat(len(index) // len(flips), 1)[..., None]
 
     def batch_loss(lp, ent, old, ref_lp, stored_lp, value, place, mask, weight):
         if row.whiten:
@@ -157,7 +170,7 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
     ones = torch.ones_like(action_mask)
     losses = torch.vmap(batch_loss)(
         logprobs[index], entropy[index], old[index], ref[index], stored[index],
-        values[index], placed[index], action_mask[index],
+        values[index], batch_placed, action_mask[index],
         (weights if weights is not None else ones)[index])
     (grad,) = torch.autograd.grad((prob * losses).sum(), theta)
     return -grad
