@@ -71,3 +71,17 @@ def test_bad_options_exit_2_with_one_line(tmp_path, capsys, args, words):
         main([str(policy), *args])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and words in err and len(err.splitlines()) == 1
+
+
+def test_pi_star_raises_the_mass_of_every_set_of_the_best_answers():
+    """pi* = ref x exp(r / beta) / Z gives every set {r >= t} at least the reference's mass,
+    so in the enumerable world its pass@k is at or above the reference's at every k, for any
+    number of right answers counted from the top (bench/passk_exact.py relies on it)."""
+    from mingpt_rlhf.lab.tabular import make_world, optimal_policy, response_logprobs
+    for seed in range(5):
+        world = make_world(seed)
+        ref = response_logprobs(world.ref).exp()
+        star = response_logprobs(optimal_policy(world)).exp()
+        order = world.reward.argsort(descending=True)
+        assert (star[order].cumsum(0) >= ref[order].cumsum(0) - 1e-12).all()
+        assert star[order[0]] > ref[order[0]]
