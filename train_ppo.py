@@ -247,6 +247,21 @@ class Config:
     top_entropy_quantile: float = opt(0.2, "--learn_tokens top_entropy: the share of a rollout's "
                                            "tokens that learn, those of highest entropy",
                                       group=REFINEMENTS)
+    cov_loss: str = opt("none", "the entropy mechanism's policy losses (Cui et al. 2025): none | "
+                                "clip_cov (a random --cov_ratio of the tokens whose covariance of "
+                                "log-prob and advantage lies in [--clip_cov_low, "
+                                "--clip_cov_high] learn nothing from the surrogate) | kl_cov (the "
+                                "--cov_ratio of highest covariance pay --kl_cov_coef x |log "
+                                "ratio|, and no token is clipped); mingpt_rlhf/lab/entropy.py",
+                        group=REFINEMENTS)
+    cov_ratio: float = opt(0.02, "--cov_loss: the share of a minibatch's tokens chosen (at "
+                                 "least one)", group=REFINEMENTS)
+    clip_cov_low: float = opt(1.0, "--cov_loss clip_cov: the covariance band's lower end",
+                              group=REFINEMENTS)
+    clip_cov_high: float = opt(5.0, "--cov_loss clip_cov: the covariance band's upper end",
+                               group=REFINEMENTS)
+    kl_cov_coef: float = opt(0.1, "--cov_loss kl_cov: the weight of |log ratio| on the chosen "
+                                  "tokens", group=REFINEMENTS)
     sampler_lag: int = opt(0, "0 .. 8: sample each rollout with the weights of this many "
                               "updates ago, as an asynchronous trainer's sampler runs behind its "
                               "learner (it keeps this many copies of the trainable weights; with "

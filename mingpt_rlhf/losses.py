@@ -23,6 +23,7 @@ from .machinery.distributed import gather, is_distributed, tokens_per_rank
 from .methods.online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, explained_variance, gae, kl_shaped_rewards, masked_mean,
                   masked_whiten, penalize_missing_eos, policy_loss, reduce_tokens)
+from .lab.entropy import clip_cov_loss, kl_cov_loss
 from .lab.refinements import overlong_shaped, reinforce_pp_advantages, sequence_policy_loss
 
 
@@ -44,6 +45,10 @@ class LossSpec:
     dpo_loss: str = "sigmoid"    # dpo: sigmoid (DPO) | ipo
     learn_tokens: str = "all"    # LEARN_TOKENS
     top_entropy_quantile: float = 0.2  # top_entropy: the share of the batch's tokens that learn
+    cov_ratio: float = 0.02      # clip_cov / kl_cov: the share of the minibatch's tokens chosen
+    clip_cov_low: float = 1.0    # clip_cov: the band of covariances it chooses from
+    clip_cov_high: float = 5.0
+    kl_cov_coef: float = 0.1     # kl_cov: the weight of |log ratio| on the chosen tokens
 
 
 def default_kl_estimator(kl_in: str) -> str:
@@ -73,10 +78,12 @@ def advantages_of(cfg) -> str:
 
 
 def policy_loss_of(cfg) -> str:
-    """dpo for online DPO, sequence for GSPO's ratio (--ratio sequence, which
-    resolve_auto_options sets for --offpolicy gspo), else token."""
+    """dpo for online DPO, clip_cov or kl_cov for --cov_loss, sequence for GSPO's ratio
+    (--ratio sequence, which resolve_auto_options sets for --offpolicy gspo), else token."""
     if cfg.algo == "online_dpo":
         return "dpo"
+    if getattr(cfg, "cov_loss", "none") != "none":
+        return cfg.cov_loss
     return getattr(cfg, "ratio", "token")
 
 
@@ -196,7 +203,16 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
     return loss, torch.zeros(())  # no ratio, so nothing is clipped
 
 
-POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo}
+def _clip_cov(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
+    return clip_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
+
+
+def _kl_cov(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
+    return kl_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
+
+
+POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo,
+                 "clip_cov": _clip_cov, "kl_cov": _kl_cov}  # the last two: lab/entropy.py
 
 
 # ----------------------------------------------------------------------------- which tokens learn

@@ -139,6 +139,28 @@ def top_entropy_share() -> torch.Tensor:
     return losses.top_entropy_tokens(entropy[rows], mask[rows], spec, for_update=True)
 
 
+def covariance_batch():
+    """An update's log-probs, advantages (4, 6) and action mask for --cov_loss: rank 1's rows
+    (2-3) hold the confident tokens with positive advantages, so the covariance's means and the
+    tokens chosen differ between each rank's own rows and the whole minibatch."""
+    gen = torch.Generator().manual_seed(2)
+    mask = (torch.arange(6) < torch.tensor([3, 4, 6, 5])[:, None]).float()
+    logprobs = -torch.rand(4, 6, generator=gen) * 3 + torch.tensor([-2.0, -2.0, 1.5, 1.5])[:, None]
+    advantages = torch.randn(4, 6, generator=gen) + torch.tensor([-0.5, -0.5, 1.0, 1.0])[:, None]
+    return logprobs, advantages, mask
+
+
+def covariance_share() -> dict:
+    """The tokens Clip-Cov and KL-Cov choose of this rank's rows of `covariance_batch` (the
+    covariance and the choice are the whole minibatch's, over every rank)."""
+    from mingpt_rlhf.lab.entropy import clip_cov_tokens, kl_cov_tokens
+    logprobs, advantages, mask = covariance_batch()
+    rows = torch.arange(len(mask)).view(distributed.world_size(), -1)[distributed.rank()]
+    return {"kl_cov": kl_cov_tokens(logprobs[rows], advantages[rows], mask[rows], 0.2),
+            "clip_cov": clip_cov_tokens(logprobs[rows], advantages[rows], mask[rows], 0.2,
+                                        0.0, 5.0)}
+
+
 def gloo_threads() -> list[str]:
     """Names of this process's threads that belong to gloo (Linux; [] where /proc is absent)."""
     task = f"/proc/{os.getpid()}/task"
@@ -161,6 +183,7 @@ def run_job(mode, out, script, argv) -> bool:
         distributed.setup(torch.device("cpu"))
         grads = {setting: minibatch_gradients(setting) for setting in SETTINGS}
         grads["top_entropy"] = top_entropy_share()
+        grads.update(covariance_share())
         torch.save(grads, os.path.join(out, f"rank{distributed.rank()}.pt"))
         distributed.shutdown()
         return True

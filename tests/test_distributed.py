@@ -214,6 +214,24 @@ def test_top_entropy_takes_one_threshold_over_both_processes(launched):
     assert not torch.equal(own, whole) and whole[:2].sum() == 0 < own[:2].sum()
 
 
+def test_clip_cov_and_kl_cov_choose_over_both_processes(launched):
+    """--cov_loss under torchrun: each rank chooses its tokens by the whole minibatch's
+    covariance (means over both ranks' tokens) and count, as one process does on every row;
+    each rank's own rows alone would choose others."""
+    from ddp_worker import covariance_batch
+    from mingpt_rlhf.lab.entropy import clip_cov_tokens, kl_cov_tokens
+    lp, adv, mask = covariance_batch()
+    whole = {"kl_cov": kl_cov_tokens(lp, adv, mask, 0.2),
+             "clip_cov": clip_cov_tokens(lp, adv, mask, 0.2, 0.0, 5.0)}
+    ranks = [torch.load(launched / "grad" / f"rank{r}.pt") for r in range(2)]
+    for name, chosen in whole.items():
+        assert chosen.sum() >= 1
+        assert torch.equal(torch.cat([r[name] for r in ranks]), chosen), name
+    own = torch.cat([kl_cov_tokens(lp[rows], adv[rows], mask[rows], 0.2)
+                     for rows in (slice(0, 2), slice(2, 4))])
+    assert not torch.equal(own, whole["kl_cov"])
+
+
 def test_grpo_groups_stay_whole_on_one_process(launched):
     """Also: each rank's share of a prompts file's fields reaches the reward function beside
     its own prompts (the function would have stopped the launch otherwise)."""

@@ -195,7 +195,28 @@ def reference_update(row, table, behind, world):
              "budget": mask / (n * MAX_LEN)}[spec.reduction]           # each token's share
     old = ratio_to[batches]
     logp = learner[batches]
-    if spec.policy_loss == "token":
+    if spec.policy_loss in ("clip_cov", "kl_cov"):
+        # each batch's tokens chosen by the covariance of the learner's log-prob and the
+        # advantage: KL-Cov's the top share, written out here; Clip-Cov's draw from its band is
+        # the package's (its hash: tests/test_entropy_losses.py checks the choice by hand)
+        from mingpt_rlhf.lab.entropy import clip_cov_tokens
+        chosen = torch.zeros_like(adv)
+        for g in range(len(batches)):
+            real = mask[g].bool()
+            lp, a = logp.detach()[g], adv[g]
+            cov = (lp - lp[real].mean()) * (a - a[real].mean())
+            k = max(1, int(spec.cov_ratio * real.sum()))
+            if spec.policy_loss == "kl_cov":
+                chosen[g] = (cov >= cov[real].sort(descending=True).values[k - 1]) & real
+            else:
+                chosen[g] = clip_cov_tokens(lp, a, mask[g], spec.cov_ratio, spec.clip_cov_low,
+                                            spec.clip_cov_high)
+    if spec.policy_loss == "kl_cov":  # no clip; coef x |log ratio| on the chosen tokens
+        log_ratio = logp.detach() - old
+        coef = share * (adv * log_ratio.exp() - spec.kl_cov_coef * torch.sign(log_ratio) * chosen)
+    elif spec.policy_loss in ("token", "clip_cov"):
+        if spec.policy_loss == "clip_cov":  # the chosen tokens learn nothing from the surrogate
+            adv = adv * (1 - chosen)
         ratio = torch.exp(logp.detach() - old)
         clipped = ((adv > 0) & (ratio > 1 + spec.clip_high)) | ((adv < 0) & (ratio < 1 - spec.clip_range))
         coef = share * adv * ratio * ~clipped

@@ -76,6 +76,14 @@ READ_ONLY_WITH = {
                      "learns from whole pairs, GSPO from one ratio per response)"),
     "top_entropy_quantile": (lambda c: c.learn_tokens == "top_entropy",
                              "with --learn_tokens top_entropy"),
+    # the entropy mechanism's losses replace the token ratio's surrogate (lab/entropy.py)
+    "cov_loss": (lambda c: c.algo != "online_dpo" and c.ratio == "token",
+                 "with --algo ppo, grpo, rloo or reinforce++ and --ratio token (they act on "
+                 "each token's ratio)"),
+    "cov_ratio": (lambda c: c.cov_loss != "none", "with --cov_loss clip_cov or kl_cov"),
+    "clip_cov_low": (lambda c: c.cov_loss == "clip_cov", "with --cov_loss clip_cov"),
+    "clip_cov_high": (lambda c: c.cov_loss == "clip_cov", "with --cov_loss clip_cov"),
+    "kl_cov_coef": (lambda c: c.cov_loss == "kl_cov", "with --cov_loss kl_cov"),
     # where the data and the reward come from
     "eval_prompts_file": (lambda c: bool(c.prompts),
                           "with --prompts (the built-in task has its own eval prompts)"),
@@ -202,6 +210,16 @@ def check_config(cfg) -> None:
     if cfg.learn_tokens not in LEARN_TOKENS:
         raise UserError(f"--learn_tokens must be one of {', '.join(LEARN_TOKENS)}, got "
                         f"{cfg.learn_tokens!r}")
+    if cfg.cov_loss not in ("none", "clip_cov", "kl_cov"):
+        raise UserError(f"--cov_loss must be none, clip_cov or kl_cov, got {cfg.cov_loss!r}")
+    if cfg.cov_loss != "none" and cfg.learn_batch_size:
+        raise UserError(f"--cov_loss {cfg.cov_loss} ranks the tokens of the whole minibatch by "
+                        f"their current log-probs, which a slice cannot see: drop "
+                        f"--learn_batch_size")
+    if not 0 < cfg.cov_ratio <= 1 or cfg.clip_cov_low > cfg.clip_cov_high or cfg.kl_cov_coef < 0:
+        raise UserError(f"need 0 < --cov_ratio <= 1, --clip_cov_low <= --clip_cov_high and "
+                        f"--kl_cov_coef >= 0, got {cfg.cov_ratio}, {cfg.clip_cov_low}, "
+                        f"{cfg.clip_cov_high}, {cfg.kl_cov_coef}")
     if not 0 < cfg.top_entropy_quantile <= 1:
         raise UserError(f"--top_entropy_quantile must be in (0, 1], got "
                         f"{cfg.top_entropy_quantile}")

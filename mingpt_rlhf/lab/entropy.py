@@ -1,0 +1,97 @@
+"""The entropy mechanism (Cui et al. 2025): Clip-Cov and KL-Cov, two policy losses.
+
+Cui et al. find that a policy's entropy falls in one step by about the covariance, over the
+tokens it samples, between a token's log-probability and its advantage: a confident token
+(high log pi) with a positive advantage gets likelier still, and the entropy drops. A few
+tokens of highest covariance carry most of that drop, so they act on those alone:
+
+- **Clip-Cov**: among the tokens whose covariance lies in [low, high], a share `cov_ratio` of
+  the minibatch's tokens is chosen at random and learns nothing from the surrogate (its
+  advantage set to 0 for this loss); the clip stays as PPO's.
+- **KL-Cov**: the share `cov_ratio` of tokens of highest covariance is penalised by
+  `kl_cov_coef` x |log pi - log pi_old|; every token's ratio term is left unclipped (the
+  penalty takes the clip's place). At ratio 1 the penalty and its gradient are 0: it acts
+  on the later minibatches and epochs of an update.
+
+Each token's covariance is (log pi(y_t) - mean) x (A_t - mean), with log pi the policy
+learning (no gradient) and the means over the minibatch's real tokens; under torchrun over
+every process's tokens (gathered), so the choice does not depend on how the minibatch is
+split. `--learn_batch_size` is refused with them: a slice does not see the rest of its
+minibatch's current log-probs. The count chosen is max(1, floor(cov_ratio x tokens)).
+Cui et al.'s ratios (2e-4 and 2e-3) are for batches of millions of tokens; at this
+project's minibatches of hundreds they would choose none, so the default share is 0.02.
+
+Clip-Cov's random choice is drawn from the data (a hash of each token's covariance and
+position), not from a generator, so that every process and the gradient oracle, which maps
+the loss over every batch at once, make the same choice for the same minibatch.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..machinery.distributed import gather, is_distributed
+from ..ppo import policy_loss, reduce_tokens
+
+
+def token_covariance(logprobs, advantages, action_mask):
+    """(B, N) (log pi - mean) x (A - mean) per real token (0 elsewhere), the means over every
+    process's real tokens of the minibatch; and the number of those tokens."""
+    mask = action_mask.bool()
+    lp = torch.where(mask, logprobs.detach().float(), 0.0)
+    adv = torch.where(mask, advantages.float(), 0.0)
+    sums = torch.stack([lp.sum(), adv.sum(), mask.sum().float()])
+    if is_distributed():
+        sums = torch.stack([s.to(sums.device) for s in gather(sums.cpu())]).sum(0)
+    count = sums[2].clamp(min=1)
+    cov = (lp - sums[0] / count) * (adv - sums[1] / count)
+    return torch.where(mask, cov, 0.0), sums[2]
+
+
+def _largest(score, mask, k):
+    """(B, N) 1 on the k masked entries of highest score (every process's entries ranked
+    together; ties at the threshold kept; all of them when fewer than k), written with a sort
+    so that it maps under vmap."""
+    flat = torch.where(mask, score, float("-inf")).flatten()
+    if is_distributed():
+        flat = torch.cat([x.to(flat.device) for x in gather(flat.cpu())])
+    values = flat.sort(descending=True).values
+    threshold = values[(k - 1).clamp(min=0)]
+    return ((score >= threshold) & mask).to(score.dtype)
+
+
+def chosen_count(count, share: float):
+    return torch.clamp(torch.floor(count * share), min=1).long()
+
+
+def clip_cov_tokens(logprobs, advantages, action_mask, share: float, low: float, high: float):
+    """(B, N) 1 on the tokens Clip-Cov takes out: `share` of the tokens, drawn among those of
+    covariance in [low, high] (fewer when fewer lie there)."""
+    cov, count = token_covariance(logprobs, advantages, action_mask)
+    band = action_mask.bool() & (cov >= low) & (cov <= high)
+    position = torch.arange(cov.numel(), dtype=cov.dtype, device=cov.device).view_as(cov)
+    draw = torch.frac(torch.sin(cov * 1e4 + position * 12.9898) * 43758.5453).abs()
+    return _largest(draw, band, chosen_count(count, share))  # all of the band if it is smaller
+
+
+def kl_cov_tokens(logprobs, advantages, action_mask, share: float):
+    """(B, N) 1 on the `share` of tokens of highest covariance, which KL-Cov penalises."""
+    cov, count = token_covariance(logprobs, advantages, action_mask)
+    return _largest(cov, action_mask.bool(), chosen_count(count, share))
+
+
+def clip_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+    """PPO's clipped surrogate with Clip-Cov's chosen tokens learning nothing from it."""
+    out = clip_cov_tokens(logprobs, advantages, action_mask, spec.cov_ratio, spec.clip_cov_low,
+                          spec.clip_cov_high)
+    return policy_loss(logprobs, old_logprobs, advantages * (1 - out), action_mask,
+                       spec.clip_range, spec.reduction, budget, tokens, clip_high=spec.clip_high)
+
+
+def kl_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+    """-A x ratio on every token, plus kl_cov_coef x |log pi - log pi_old| on KL-Cov's chosen
+    tokens; nothing is clipped (clipfrac 0)."""
+    chosen = kl_cov_tokens(logprobs, advantages, action_mask, spec.cov_ratio)
+    log_ratio = logprobs - old_logprobs
+    per_token = -advantages * torch.exp(log_ratio) + spec.kl_cov_coef * chosen * log_ratio.abs()
+    loss = reduce_tokens(per_token, action_mask, spec.reduction, budget, tokens)
+    return loss, torch.zeros((), device=loss.device)
