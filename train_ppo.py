@@ -242,7 +242,9 @@ class Config:
     learn_tokens: str = opt("all", "which response tokens learn (the others' advantages are 0): all "
                                    "| top_entropy (only the --top_entropy_quantile of each "
                                    "rollout's tokens with the highest entropy, Wang et al. 2025) "
-                                   "| any entry of losses.LEARN_TOKENS (docs/fork_it.md)",
+                                   "| negative (only the tokens of negative advantage: what to "
+                                   "avoid, Zhu et al. 2025) | any entry of losses.LEARN_TOKENS "
+                                   "(docs/fork_it.md)",
                             group=REFINEMENTS)
     top_entropy_quantile: float = opt(0.2, "--learn_tokens top_entropy: the share of a rollout's "
                                            "tokens that learn, those of highest entropy",

@@ -216,7 +216,7 @@ POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo
 
 
 # ----------------------------------------------------------------------------- which tokens learn
-def top_entropy_tokens(entropy, action_mask, spec, for_update):
+def top_entropy_tokens(entropy, action_mask, spec, for_update, advantages=None):
     """(B, N) 1 on the tokens whose entropy is in the top `spec.top_entropy_quantile` of the
     batch's response tokens (ties at the threshold kept), 0 elsewhere: "Beyond the 80/20
     rule" (Wang et al. 2025) trains only on these forks of the reasoning. `entropy` is the
@@ -236,8 +236,16 @@ def top_entropy_tokens(entropy, action_mask, spec, for_update):
     return ((entropy.float() >= threshold) & mask).to(action_mask.dtype)
 
 
-LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update: 1.0,
-                "top_entropy": top_entropy_tokens}
+def negative_tokens(entropy, action_mask, spec, for_update, advantages):
+    """(B, N) 1 on the tokens of negative advantage: the policy learns only what to avoid
+    ("negative sample reinforcement", Zhu et al. 2025, who report that it keeps pass@k at
+    large k where learning from the right answers narrows it)."""
+    return ((advantages < 0) & action_mask.bool()).to(action_mask.dtype)
+
+
+# which tokens learn: f(entropy, action_mask, spec, for_update, advantages) -> (B, N) or 1.0
+LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages: 1.0,
+                "top_entropy": top_entropy_tokens, "negative": negative_tokens}
 
 
 def every_row(exp, group_size: int):
@@ -308,7 +316,7 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
                                            kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
                                                                spec, for_update)
-    learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update)
+    learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update, advantages)
     return rewards, advantages * weights * learn, returns
 
 

@@ -189,6 +189,8 @@ def reference_update(row, table, behind, world):
         for g in range(len(batches)):  # each batch's own threshold, torch.quantile's
             threshold = torch.quantile(at[g][mask[g].bool()], 1 - spec.top_entropy_quantile)
             adv[g] = adv[g] * ((at[g] >= threshold) & mask[g].bool())
+    if spec.learn_tokens == "negative":  # what to avoid, only
+        adv = adv * (adv < 0)
     lengths = mask.sum(-1, keepdim=True)                               # (G, n, 1)
     share = {"token": mask / mask.sum((-1, -2), keepdim=True),
              "sequence": mask / (n * lengths),

@@ -68,7 +68,8 @@ def test_every_loss_option_of_the_script_reaches_the_spec_by_name():
     options = {f.name: f for f in dataclasses.fields(train_ppo.Config)}
     changed = {"reduction": "sequence", "clip_range": 0.1, "entropy_coef": 0.01, "gamma": 0.9,
                "lam": 0.9, "group_size": 4, "dpo_beta": 0.5, "dpo_loss": "ipo",
-               "learn_tokens": "top_entropy", "top_entropy_quantile": 0.5}
+               "learn_tokens": "top_entropy", "top_entropy_quantile": 0.5, "cov_ratio": 0.1,
+               "clip_cov_low": 0.5, "clip_cov_high": 4.0, "kl_cov_coef": 0.5}
     for field in dataclasses.fields(LossSpec):
         if field.name in DERIVED_FIELDS:
             continue
@@ -85,6 +86,8 @@ def test_every_loss_option_of_the_script_reaches_the_spec_by_name():
     for name, given in derived.items():
         base = dataclasses.replace(train_ppo.Config(), kl_in="reward", kl_estimator="k1")
         assert getattr(spec_of(dataclasses.replace(base, **given)), name) != getattr(spec_of(base), name), name
+    for loss in ("clip_cov", "kl_cov"):  # --cov_loss picks the policy loss too
+        assert spec_of(dataclasses.replace(train_ppo.Config(), cov_loss=loss)).policy_loss == loss
 
 
 def test_every_entry_of_learn_tokens_is_an_option_value():
@@ -92,3 +95,10 @@ def test_every_entry_of_learn_tokens_is_an_option_value():
         cfg = train_ppo.Config(algo="grpo", learn_tokens=name)
         train_ppo.check_config(cfg)
         assert spec_of(cfg).learn_tokens == name
+
+
+def test_negative_keeps_only_the_tokens_of_negative_advantage():
+    adv = torch.tensor([[1.0, -2.0, 0.0], [-0.5, 3.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    kept = LEARN_TOKENS["negative"](None, mask, LossSpec(), True, adv)
+    assert torch.equal(kept, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))

@@ -284,6 +284,8 @@ ROWS = [
     Row("entropy bonus 0.1 (rloo)", _spec(**_RLOO, entropy_coef=0.1)),
     Row("the top half of the batch's tokens by entropy learn (rloo)",
         _spec(**_RLOO, learn_tokens="top_entropy", top_entropy_quantile=0.5)),
+    Row("only the tokens of negative advantage learn (rloo)",
+        _spec(**_RLOO, learn_tokens="negative")),
     # the corrections, with a sampler one update behind the learner
     Row("ppo clip 0.2, a later minibatch (rloo)", _spec(**_RLOO), sampler="behind"),
     Row("clip-higher 0.2 / 0.28, a later minibatch (rloo)", _spec(**_RLOO, clip_high=0.28),
