@@ -3,10 +3,12 @@
     python bench/passk.py                              # seeds 0 1 2, n = 1024, 200 problems
     python bench/passk.py --seeds 0 --n 256            # a quicker look
     python bench/passk.py --table                      # the table from the JSON
+    python bench/passk.py --policies grpo_kl_cov       # one more policy, 3 seeds
 
-For each seed: SFT on the sort task's teacher (`train_sft.py --task sort --seed S`), then GRPO
-on the exact-match check (`train_ppo.py --task sort --reward task --algo grpo --seed S`, every
-other option at its default); then each policy answers each of the first --problems held-out
+For each seed: SFT on the sort task's teacher (`train_sft.py --task sort --seed S`), then each
+RL policy of RL below from it on the exact-match check (`train_ppo.py --task sort --reward task
+--algo grpo --seed S`, PPO, GRPO learning only from negative advantages, GRPO with Clip-Cov or
+KL-Cov; every other option at its default); then each policy answers each of the first --problems held-out
 problems --n times at temperature 1, and pass@k is estimated without bias from those draws
 (mingpt_rlhf/lab/passk.py) for k = 1, 2, 4, ..., up to --n, over all the problems and over
 the never-seen ones (held-out problems whose digits no training problem holds: their answers
@@ -34,6 +36,12 @@ from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "passk.json")
+# the RL policies, each trained from the seed's SFT policy on the exact-match check with every
+# other option at its default; "sft" is the policy they start from
+RL = {"grpo": dict(algo="grpo"), "ppo": dict(algo="ppo"),
+      "grpo_negative": dict(algo="grpo", learn_tokens="negative"),   # what to avoid, only
+      "grpo_clip_cov": dict(algo="grpo", cov_loss="clip_cov"),
+      "grpo_kl_cov": dict(algo="grpo", cov_loss="kl_cov")}
 
 
 def counts_of(policy_dir: str, task, n: int, problems: int, seed: int) -> dict:
@@ -70,6 +78,8 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_passk"))
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--policies", nargs="+", default=["sft", "grpo", "ppo", "grpo_negative"],
+                    choices=["sft", *RL], help="which policies (sft: the one RL starts from)")
     ap.add_argument("--table", action="store_true", help="only print the table of the JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,17 +92,18 @@ def main():
         for seed in args.seeds:
             task = get_task("sort", seed=seed)
             sft = os.path.join(args.work, f"seed{seed}", "sft")
-            grpo = os.path.join(args.work, f"seed{seed}", "grpo")
             if not os.path.exists(os.path.join(sft, "ckpt.pt")):
                 train_sft.main(train_sft.Config(out_dir=sft, task="sort", seed=seed))
-            if not os.path.exists(os.path.join(grpo, "ckpt.pt")):
-                train_ppo.main(train_ppo.Config(out_dir=grpo, sft_dir=sft, task="sort",
-                                                reward="task", algo="grpo", seed=seed))
-            for name, folder in (("sft", sft), ("grpo", grpo)):
+            for name in args.policies:
                 key = f"{name}/{seed}"
-                if key not in result["runs"]:
-                    result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
-                    results_file.save(args.results, result)
+                if key in result["runs"]:
+                    continue
+                folder = os.path.join(args.work, f"seed{seed}", name) if name != "sft" else sft
+                if not os.path.exists(os.path.join(folder, "ckpt.pt")):
+                    train_ppo.main(train_ppo.Config(out_dir=folder, sft_dir=sft, task="sort",
+                                                    reward="task", seed=seed, **RL[name]))
+                result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
+                results_file.save(args.results, result)
     table(result)
 
 
