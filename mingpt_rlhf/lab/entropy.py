@@ -95,3 +95,58 @@ def kl_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, t
     per_token = -advantages * torch.exp(log_ratio) + spec.kl_cov_coef * chosen * log_ratio.abs()
     loss = reduce_tokens(per_token, action_mask, spec.reduction, budget, tokens)
     return loss, torch.zeros((), device=loss.device)
+
+
+# ----------------------------------------------------------------------------- the law, exactly
+# In the enumerable world (lab/tabular.py) one step's entropy change can be computed exactly
+# and set against the covariance that Cui et al. say drives it. For a softmax at one prefix s,
+# a change dz of its logits changes its entropy by -Cov_{a ~ pi_s}(log pi_s(a), dz_a) to first
+# order; with the exact policy gradient, dz_a = lr x d(s) pi_s(a) A(s, a) (d(s): the chance to
+# reach s), which is their covariance of log pi and pi x A. The token entropy a run logs is a
+# visit-weighted mean over prefixes, whose weights move too; their formula leaves that out.
+
+def prefix_entropies(table):
+    """(P,) the entropy of the next-token distribution at each prefix, and (P,) the chance of
+    reaching each prefix."""
+    from .tabular import conditionals, visits
+    cond = conditionals(table)[:, 1:]
+    return -(cond.exp() * cond).sum(-1), visits(table)
+
+
+def token_entropy(table, weights=None):
+    """The mean entropy per token the policy writes: each prefix's entropy weighed by the
+    chance of reaching it (or by `weights`, held fixed)."""
+    h, d = prefix_entropies(table)
+    w = d if weights is None else weights
+    return (w * h).sum() / w.sum()
+
+
+def covariance_prediction(table, update, lr: float):
+    """-lr x sum_s w_s Cov_{a ~ pi_s}(log pi_s(a), update_s(a)), w_s the visit weights: the
+    first-order change of the token entropy along `update` with the visits held fixed."""
+    from .tabular import conditionals
+    cond = conditionals(table)[:, 1:]
+    pi = cond.exp()
+    u = update[:, 1:]
+    cov = (pi * cond * u).sum(-1) - (pi * cond).sum(-1) * (pi * u).sum(-1)
+    _, d = prefix_entropies(table)
+    return -lr * (d * cov).sum() / d.sum()
+
+
+def advantages_of_tokens(table, reward):
+    """(P, V) A(s, a) = Q(s, a) - V(s) of every prefix and next token under the table's policy
+    for a reward at the end of each response (PAD's column 0)."""
+    from .tabular import PREFIX_INDEX, RESPONSES, conditionals, response_logprobs
+    prob = response_logprobs(table).exp()
+    cond = conditionals(table).exp()
+    q = torch.zeros_like(table)
+    for s, prefix in enumerate(PREFIX_INDEX):
+        for a in range(1, table.size(1)):
+            through = [i for i, y in enumerate(RESPONSES) if y[:len(prefix) + 1] == (*prefix, a)]
+            if through:
+                mass = prob[through]
+                q[s, a] = (mass * reward[through]).sum() / mass.sum()
+    value = (cond[:, 1:] * q[:, 1:]).sum(-1, keepdim=True)
+    adv = q - value
+    adv[:, 0] = 0.0
+    return adv
