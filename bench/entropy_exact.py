@@ -63,7 +63,7 @@ def main():
     summary = {}
     for lr in STEPS:
         at = [r for r in rows if r["lr"] == lr]
-        summary[str(lr)] = {k: [min(r[k] for r in at), max(r[k] for r in at)]
+        summary[str(lr)] = {k: {"min": min(r[k] for r in at), "max": max(r[k] for r in at)}
                             for k in ("fixed_over_predicted", "exact_over_predicted", "max_logit_move")}
         summary[str(lr)]["sign_agrees"] = sum(r["sign_agrees"] for r in at)
     result = {"command": "python bench/entropy_exact.py", "date": time.strftime("%Y-%m-%d"),
@@ -73,9 +73,9 @@ def main():
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     for lr, s in summary.items():
-        print(f"lr {lr:>6}: max logit move {s['max_logit_move'][0]:.3g}-{s['max_logit_move'][1]:.3g}, "
-              f"fixed visits / predicted {s['fixed_over_predicted'][0]:.3f}-{s['fixed_over_predicted'][1]:.3f}, "
-              f"exact / predicted {s['exact_over_predicted'][0]:.3f}-{s['exact_over_predicted'][1]:.3f}, "
+        print(f"lr {lr:>6}: max logit move {s['max_logit_move']['min']:.3g}-{s['max_logit_move']['max']:.3g}, "
+              f"fixed visits / predicted {s['fixed_over_predicted']['min']:.3f}-{s['fixed_over_predicted']['max']:.3f}, "
+              f"exact / predicted {s['exact_over_predicted']['min']:.3f}-{s['exact_over_predicted']['max']:.3f}, "
               f"sign agrees in {s['sign_agrees']} of 10")
     print(f"wrote {path}")
 

@@ -61,6 +61,22 @@ def curves(run: dict, n: int) -> dict:
             "unseen": pass_at_k_curve(unseen, ks) if unseen else {}}
 
 
+def with_curves(result: dict) -> dict:
+    """The result with each run's pass@k curves (all problems, the unseen ones) and, per
+    policy, the min and max over the seeds at each k: what the docs quote."""
+    result["curves"] = {key: curves(run, result["n"]) for key, run in result["runs"].items()}
+    spread = {}
+    for key, c in result["curves"].items():
+        policy = key.split("/")[0]
+        for part, curve in c.items():
+            for k, v in curve.items():
+                at = spread.setdefault(policy, {}).setdefault(part, {}).setdefault(
+                    str(k), {"min": v, "max": v})
+                at.update(min=min(at["min"], v), max=max(at["max"], v))
+    result["spread"] = spread
+    return result
+
+
 def table(result: dict) -> None:
     n = result["n"]
     for key, run in sorted(result["runs"].items()):
@@ -80,7 +96,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--policies", nargs="+", default=["sft", "grpo", "ppo", "grpo_negative"],
                     choices=["sft", *RL], help="which policies (sft: the one RL starts from)")
-    ap.add_argument("--table", action="store_true", help="only print the table of the JSON")
+    ap.add_argument("--table", action="store_true", help="only print the table of the JSON "
+                    "(and write its curves into it)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     result = results_file.load(args.results)
@@ -103,7 +120,9 @@ def main():
                     train_ppo.main(train_ppo.Config(out_dir=folder, sft_dir=sft, task="sort",
                                                     reward="task", seed=seed, **RL[name]))
                 result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
-                results_file.save(args.results, result)
+                results_file.save(args.results, with_curves(result))
+    else:
+        results_file.save(args.results, with_curves(result))
     table(result)
 
 

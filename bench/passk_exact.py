@@ -61,13 +61,13 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = {row.name: row for row in ROWS}
-    p = {"reference": [], "pi*": [], **{name: [] for name in ASCENT_ROWS}}
+    p = {"reference": [], "pi_star": [], **{name: [] for name in ASCENT_ROWS}}
     outcomes = {name: [] for name in ASCENT_ROWS}
     start = time.time()
     for seed in range(args.worlds):
         world = make_world(seed)
         p["reference"].append(right_mass(world.ref, world.reward, args.right))
-        p["pi*"].append(right_mass(optimal_policy(world), world.reward, args.right))
+        p["pi_star"].append(right_mass(optimal_policy(world), world.reward, args.right))
         for name in ASCENT_ROWS:
             ascent = exact_ascent(rows[name], world, steps=args.steps)
             p[name].append(right_mass(ascent.table, world.reward, args.right))
