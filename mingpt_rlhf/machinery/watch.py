@@ -51,8 +51,8 @@ def stuck_warning(stats: dict, step: int, best: float) -> str:
     return (f"warning: the run is stuck: for {STUCK_AFTER} iterations up to {step} no learning "
             f"signal reached the policy ({why}) while its reward ({stats['score']:.3f}) stayed "
             f"below its best ({best:.3f}); such runs rarely recover. Start again with the KL "
-            f"penalty in the loss (--kl_in loss) or a lower --actor_lr (docs/troubleshooting.md, "
-            f"\"A run that stopped learning\")")
+            f"penalty in the loss (--kl_in loss, if it is not there already) or a lower "
+            f"--actor_lr (docs/troubleshooting.md, \"A run that stopped learning\")")
 
 
 class RunWatch:
