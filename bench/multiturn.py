@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
+from mingpt_rlhf.ppo_trainer import resolve_auto_options  # noqa: E402
 from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
 from mingpt_rlhf.methods.env_guess import GuessNumber, optimal_turns, teacher_success, teacher_turns, where_in_interval  # noqa: E402
 from mingpt_rlhf.methods.episodes import EpisodeSource, play_and_measure  # noqa: E402
@@ -201,7 +202,7 @@ def main():
     result = results_file.load(args.results)
     result.update(optimum_turns=optimal_turns(), teacher_turns=teacher_turns(),
                   teacher_success=teacher_success(), held_out_episodes=HELD_OUT,
-                  rl_iters=args.iters, actor_lr=train_ppo.resolve_auto_options(
+                  rl_iters=args.iters, actor_lr=resolve_auto_options(
                       train_ppo.Config(env="guess", reward="env", actor_lr=args.actor_lr)).actor_lr)
     if not args.draw_only:
         for seed in args.seeds:
