@@ -21,9 +21,9 @@ minibatch's current log-probs. The count chosen is max(1, floor(cov_ratio x toke
 Cui et al.'s ratios (2e-4 and 2e-3) are for batches of millions of tokens; at this
 project's minibatches of hundreds they would choose none, so the default share is 0.02.
 
-Clip-Cov's random choice is drawn from the data (a hash of each token's covariance and
-position), not from a generator, so that every process and the gradient oracle, which maps
-the loss over every batch at once, make the same choice for the same minibatch.
+Clip-Cov's random choice is drawn from the data (a hash of each token's log-prob and
+advantage), not from a generator, so that every process and the gradient oracle, which
+maps the loss over every batch at once, make the same choice for the same minibatch.
 """
 from __future__ import annotations
 
@@ -68,8 +68,11 @@ def clip_cov_tokens(logprobs, advantages, action_mask, share: float, low: float,
     covariance in [low, high] (fewer when fewer lie there)."""
     cov, count = token_covariance(logprobs, advantages, action_mask)
     band = action_mask.bool() & (cov >= low) & (cov <= high)
-    position = torch.arange(cov.numel(), dtype=cov.dtype, device=cov.device).view_as(cov)
-    draw = torch.frac(torch.sin(cov * 1e4 + position * 12.9898) * 43758.5453).abs()
+    # a token's draw depends on its own log-prob and advantage only, not on where it sits in
+    # the minibatch nor on the means (whose last bits depend on how the sums were split), so
+    # every split of the minibatch (processes) draws alike
+    lp, adv = logprobs.detach().float(), advantages.float()
+    draw = torch.frac(torch.sin(lp * 78.233 + adv * 12.9898) * 43758.5453).abs()
     return _largest(draw, band, chosen_count(count, share))  # all of the band if it is smaller
 
 
