@@ -203,16 +203,8 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
     return loss, torch.zeros(())  # no ratio, so nothing is clipped
 
 
-def _clip_cov(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
-    return clip_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
-
-
-def _kl_cov(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
-    return kl_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens)
-
-
 POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo,
-                 "clip_cov": _clip_cov, "kl_cov": _kl_cov}  # the last two: lab/entropy.py
+                 "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}  # the last two: lab/entropy.py
 
 
 # ----------------------------------------------------------------------------- which tokens learn

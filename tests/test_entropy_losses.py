@@ -46,7 +46,7 @@ def test_kl_cov_loss_by_hand():
     second token), a token mean over the 5 real tokens."""
     spec = LossSpec(reduction="token", cov_ratio=0.2, kl_cov_coef=0.5)
     old = LP - torch.tensor([[0.3, -0.2, 0.0], [0.1, 0.4, 0.0]])      # log ratios
-    loss, clipfrac = kl_cov_loss(LP, old, ADV, MASK, spec, 3, None)
+    loss, clipfrac = kl_cov_loss(LP, old, None, ADV, MASK, spec, 3, None)
     ratios = [[0.3, -0.2, 0.0], [0.1, 0.4]]
     terms = [-a * torch.tensor(r).exp() for a, r in zip([2.0, 1.0, -1.0, 1.0, 3.0],
                                                         ratios[0] + ratios[1])]
@@ -60,7 +60,7 @@ def test_at_ratio_1_kl_cov_has_the_plain_policy_gradient():
     unclipped surrogate's alone."""
     spec = LossSpec(reduction="token", cov_ratio=0.4, kl_cov_coef=10.0)
     x = LP.clone().requires_grad_(True)
-    kl_cov_loss(x, LP, ADV, MASK, spec, 3, None)[0].backward()
+    kl_cov_loss(x, LP, None, ADV, MASK, spec, 3, None)[0].backward()
     y = LP.clone().requires_grad_(True)
     policy_loss(y, LP, ADV, MASK, 0.2, "token")[0].backward()
     torch.testing.assert_close(x.grad, y.grad)
@@ -72,7 +72,7 @@ def test_clip_cov_takes_the_chosen_tokens_out_of_the_surrogate():
     spec = LossSpec(reduction="token", cov_ratio=0.8, clip_cov_low=0.3, clip_cov_high=1.0)
     old = LP - 0.05
     x = LP.clone().requires_grad_(True)
-    clip_cov_loss(x, old, ADV, MASK, spec, 3, None)[0].backward()
+    clip_cov_loss(x, old, None, ADV, MASK, spec, 3, None)[0].backward()
     y = LP.clone().requires_grad_(True)
     policy_loss(y, old, ADV, MASK, 0.2, "token")[0].backward()
     chosen = torch.tensor([[1.0, 0, 0], [1, 0, 0]])

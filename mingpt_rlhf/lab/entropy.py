@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ..machinery.distributed import gather, is_distributed
+from ..machinery.distributed import all_sum, gather, is_distributed
 from ..ppo import policy_loss, reduce_tokens
 
 
@@ -39,9 +39,7 @@ def token_covariance(logprobs, advantages, action_mask):
     mask = action_mask.bool()
     lp = torch.where(mask, logprobs.detach().float(), 0.0)
     adv = torch.where(mask, advantages.float(), 0.0)
-    sums = torch.stack([lp.sum(), adv.sum(), mask.sum().float()])
-    if is_distributed():
-        sums = torch.stack([s.to(sums.device) for s in gather(sums.cpu())]).sum(0)
+    sums = all_sum(torch.stack([lp.sum(), adv.sum(), mask.sum().float()]))
     count = sums[2].clamp(min=1)
     cov = (lp - sums[0] / count) * (adv - sums[1] / count)
     return torch.where(mask, cov, 0.0), sums[2]
@@ -82,7 +80,9 @@ def kl_cov_tokens(logprobs, advantages, action_mask, share: float):
     return _largest(cov, action_mask.bool(), chosen_count(count, share))
 
 
-def clip_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+# the two entries of losses.POLICY_LOSSES, with that table's signature (ref_logprobs unused)
+def clip_cov_loss(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget,
+                  tokens):
     """PPO's clipped surrogate with Clip-Cov's chosen tokens learning nothing from it."""
     out = clip_cov_tokens(logprobs, advantages, action_mask, spec.cov_ratio, spec.clip_cov_low,
                           spec.clip_cov_high)
@@ -90,7 +90,8 @@ def clip_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget,
                        spec.clip_range, spec.reduction, budget, tokens, clip_high=spec.clip_high)
 
 
-def kl_cov_loss(logprobs, old_logprobs, advantages, action_mask, spec, budget, tokens):
+def kl_cov_loss(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget,
+                tokens):
     """-A x ratio on every token, plus kl_cov_coef x |log pi - log pi_old| on KL-Cov's chosen
     tokens; nothing is clipped (clipfrac 0)."""
     chosen = kl_cov_tokens(logprobs, advantages, action_mask, spec.cov_ratio)
