@@ -65,15 +65,9 @@ def with_curves(result: dict) -> dict:
     """The result with each run's pass@k curves (all problems, the unseen ones) and, per
     policy, the min and max over the seeds at each k: what the docs quote."""
     result["curves"] = {key: curves(run, result["n"]) for key, run in result["runs"].items()}
-    spread = {}
-    for key, c in result["curves"].items():
-        policy = key.split("/")[0]
-        for part, curve in c.items():
-            for k, v in curve.items():
-                at = spread.setdefault(policy, {}).setdefault(part, {}).setdefault(
-                    str(k), {"min": v, "max": v})
-                at.update(min=min(at["min"], v), max=max(at["max"], v))
-    result["spread"] = spread
+    flat = {key: {f"{part}@{k}": v for part, curve in c.items() for k, v in curve.items()}
+            for key, c in result["curves"].items()}
+    result["spread"] = results_file.over_seeds(flat, sorted({f for r in flat.values() for f in r}))
     return result
 
 
@@ -109,16 +103,15 @@ def main():
         for seed in args.seeds:
             task = get_task("sort", seed=seed)
             sft = os.path.join(args.work, f"seed{seed}", "sft")
-            if not os.path.exists(os.path.join(sft, "ckpt.pt")):
-                train_sft.main(train_sft.Config(out_dir=sft, task="sort", seed=seed))
+            results_file.train_stage(train_sft.main, train_sft.Config, sft, task="sort", seed=seed)
             for name in args.policies:
                 key = f"{name}/{seed}"
                 if key in result["runs"]:
                     continue
                 folder = os.path.join(args.work, f"seed{seed}", name) if name != "sft" else sft
-                if not os.path.exists(os.path.join(folder, "ckpt.pt")):
-                    train_ppo.main(train_ppo.Config(out_dir=folder, sft_dir=sft, task="sort",
-                                                    reward="task", seed=seed, **RL[name]))
+                if name != "sft":
+                    results_file.train_stage(train_ppo.main, train_ppo.Config, folder, sft_dir=sft,
+                                             task="sort", reward="task", seed=seed, **RL[name])
                 result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
                 results_file.save(args.results, with_curves(result))
     else:

@@ -48,16 +48,13 @@ def main():
     result = results_file.load(args.results)
     for seed in args.seeds:
         sft = os.path.join(args.work, f"seed{seed}", "sft")
-        if not os.path.exists(os.path.join(sft, "ckpt.pt")):
-            train_sft.main(train_sft.Config(out_dir=sft, task="sort", seed=seed))
+        results_file.train_stage(train_sft.main, train_sft.Config, sft, task="sort", seed=seed)
         for name, clip in CLIPS.items():
             key = f"{name}/{seed}"
             if key in result["runs"]:
                 continue
             out = os.path.join(args.work, f"seed{seed}", f"coin_{name}")
-            os.environ["COIN_SEED"] = str(seed)
-            import coin_reward  # the generator restarts from the seed for every run
-            coin_reward.RNG.seed(seed)
+            os.environ["COIN_SEED"] = str(seed)  # train_ppo.py loads the file anew: seeded so
             options = dict(max_iters=args.iters) if args.iters else {}
             start = time.time()
             train_ppo.main(train_ppo.Config(
