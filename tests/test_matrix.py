@@ -168,8 +168,11 @@ def test_dpo_in_bf16(bf16_stages, tmp_path, monkeypatch, capsys, lora):
     ("grpo", BF16, 4, False, dict(group_size=4, kl_in="loss")),
     ("rloo", "float32", 4, True, dict(group_size=4)),
     ("online_dpo", BF16, 4, True, dict(sampler_lag=2)),
+    ("grpo", BF16, 4, True, dict(group_size=4, cov_loss="kl_cov", learn_tokens="negative")),
+    ("rloo", BF16, 0, True, dict(group_size=4, cov_loss="clip_cov", clip_cov_low=0.0)),
 ], ids=["ppo-separate-bf16-lora-resume", "ppo-shared-bf16-resume", "grpo-bf16-lora",
-        "rloo-fp32-lora-resume", "online_dpo-bf16-lora-lag2-resume"])
+        "rloo-fp32-lora-resume", "online_dpo-bf16-lora-lag2-resume",
+        "grpo-kl_cov-negative-bf16-lora-resume", "rloo-clip_cov-bf16-resume"])
 def test_rl_methods(bf16_stages, tmp_path, monkeypatch, capsys, first_minibatch_kl, algo, dtype,
                     lora, resume, extra):
     sft, rm = bf16_stages
