@@ -3,6 +3,7 @@
     python bench/user_games.py --game duel                  # 2 methods x 2 rates x 3 seeds
     python bench/user_games.py --game corridor --seeds 0 --methods grpo --rates 1e-4
     python bench/user_games.py --game duel --summary_only   # the table from the JSON
+    python bench/user_games.py --game corridor --methods grpo --options="--kl_coef 0.2"  # a variant
 
 The games are the two of examples/ (duel_env.py: take one or two stones against a random
 opponent; corridor_env.py: walk to the door): in both, two words are the only legal answers,
@@ -40,6 +41,7 @@ import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
+from mingpt_rlhf.machinery.cli import parse_config  # noqa: E402
 from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
 
 GAMES = {"duel": ("duel_env.py", "Duel"), "corridor": ("corridor_env.py", "Corridor")}
@@ -70,11 +72,15 @@ def sft_of(game: str, work: str) -> str:
 
 
 def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
-           iters: int) -> dict:
+           iters: int, options: list[str] = ()) -> dict:
+    """One RL run as train_ppo.py's command line would start it; `options` are more of its
+    flags (["--kl_coef", "0.2"]), for a variant of the defaults."""
     _, env = game_module(game)
     start = time.time()
-    train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, env=env, algo=method, seed=seed,
-                                    max_new_tokens=TURN_TOKENS, max_iters=iters, actor_lr=rate))
+    argv = ["--out_dir", out, "--sft_dir", sft, "--env", env, "--algo", method,
+            "--seed", str(seed), "--max_new_tokens", str(TURN_TOKENS), "--max_iters", str(iters),
+            "--actor_lr", str(rate), *options]
+    train_ppo.main(parse_config(train_ppo.Config, argv))
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     train = [r for r in rows if "pg_loss" in r]
     evals = [(r["step"], r["win"]) for r in rows if r.get("split") == "eval"]
@@ -109,6 +115,9 @@ def main():
     ap.add_argument("--work", default="", help="folder of the runs (default: out/bench_GAME)")
     ap.add_argument("--results", default="", help="default: bench/results/user_games_GAME.json")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--options", default="", help="more train_ppo.py flags for a variant of "
+                    "the defaults, as --options=\"--kl_coef 0.2\"; its runs are keyed and summed up "
+                    "apart: METHOD[OPTIONS]/RATE/SEED")
     ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has")
     ap.add_argument("--summary_only", action="store_true")
     args = ap.parse_args()
@@ -122,17 +131,20 @@ def main():
         for method in args.methods:
             for rate in args.rates:
                 for seed in args.seeds:
-                    key = f"{method}/{rate:g}/{seed}"
+                    variant = f"[{args.options}]" if args.options else ""
+                    key = f"{method}{variant}/{rate:g}/{seed}"
                     if key in result["runs"] and not args.rerun:
                         continue
-                    out = os.path.join(work, f"{method}_{rate:g}_seed{seed}")
-                    result["runs"][key] = run_rl(args.game, method, rate, seed, sft, out, args.iters)
+                    tag = "".join(c if c.isalnum() or c in "._" else "_" for c in args.options).strip("_")
+                    out = os.path.join(work, f"{method}{'_' + tag if tag else ''}_{rate:g}_seed{seed}")
+                    result["runs"][key] = run_rl(args.game, method, rate, seed, sft, out,
+                                                 args.iters, args.options.split())
                     result["summary"] = summary(result)
                     results_file.save(path, result)
     result["summary"] = summary(result)
     results_file.save(path, result)
     for row, s in result["summary"].items():
-        print(f"{args.game} {row:14s} SFT {s['sft_win']:.3f} -> wins {s['wins']} least "
+        print(f"{args.game} {row:24s} SFT {s['sft_win']:.3f} -> wins {s['wins']} least "
               f"{s['least']:.3f} collapsed {s['collapsed']} stuck {s['stuck_iterations']}"
               f"{'  target met' if s['met'] else ''}")
 
