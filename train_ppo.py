@@ -203,7 +203,7 @@ class Config:
                              "(beta x --kl_estimator per token in the loss, reduced like the "
                              "surrogate, as the GRPO paper; measured weaker here, see "
                              "docs/results.md) | auto (loss with --grpo_norm grpo, and for "
-                             "grpo / rloo with --env; else reward). "
+                             "ppo / grpo / rloo with --env; else reward). "
                              "Not online_dpo, whose KL is --dpo_beta", group=KL_AND_REDUCTION)
     kl_estimator: str = opt("auto", "the per-token estimate of KL(policy || reference): k1 "
                                     "(log p - log ref) | k2 ((log p - log ref)^2 / 2) | k3 "

@@ -72,10 +72,12 @@ def resolve_auto_options(cfg):
       measured both rates) or an environment's rewards (`"env"`), else 5e-5 (a reward model, a
       user's function);
     - ptx_coef -1: 0.02 for ppo, 0 for grpo and rloo and with an environment;
-    - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing) and for grpo and
-      rloo with an environment (a group whose episodes all end alike, as a collapsed policy's
-      do, has every advantage 0 with the KL in the reward, and nothing pulls the policy back:
-      docs/troubleshooting.md), else "reward";
+    - kl_in "auto": "loss" with GRPO's std normalisation (the paper's pairing) and for ppo,
+      grpo and rloo with an environment, else "reward". Why episodes: a policy that has turned
+      (nearly) deterministic, onto the empty answer or onto wrong moves, is not pulled back by
+      a KL in the reward: in a group whose episodes all end alike every advantage is 0, and a
+      token the policy is sure of has a vanishing policy gradient whatever its advantage; the
+      KL's gradient in the loss does not go through the advantages (docs/troubleshooting.md);
     - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
     - offpolicy "gspo": ratio "sequence" (GSPO's ratio, taken against the sampler);
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
@@ -98,7 +100,7 @@ def resolve_auto_options(cfg):
     if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
         auto["ptx_coef"] = 0.02 if algo == "ppo" and not getattr(cfg, "env", "") else 0.0
     if cfg.kl_in == "auto":
-        episodes = algo in ("grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
+        episodes = algo in ("ppo", "grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
         auto["kl_in"] = "loss" if (algo == "grpo" and norm == "grpo") or episodes else "reward"
     if getattr(cfg, "kl_estimator", None) == "auto":  # (a caller's cfg may not have it)
         auto["kl_estimator"] = default_kl_estimator(auto.get("kl_in", cfg.kl_in))

@@ -63,14 +63,15 @@ def test_a_collapsed_group_comes_back_only_with_the_kl_in_the_loss(kl_in):
         assert (after < before - 0.1).all(), (before, after)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "rloo"])
-def test_with_an_environment_group_methods_put_the_kl_in_the_loss(algo):
-    """The default a user's game gets: the KL in the loss (k3) for grpo and rloo with --env;
-    without --env, and for PPO, the KL stays in the reward (k1)."""
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo"])
+def test_with_an_environment_the_kl_goes_in_the_loss(algo):
+    """The default a user's game gets: the KL in the loss (k3) for ppo, grpo and rloo with
+    --env; without --env, and for reinforce++ (whose KL in the reward is its paper's), the KL
+    stays in the reward (k1)."""
     with_env = resolve_auto_options(EnvCfg(algo=algo, kl_in="auto"))
     assert (with_env.kl_in, with_env.kl_estimator) == ("loss", "k3")
     assert resolve_auto_options(replace(EnvCfg(algo=algo, kl_in="auto"), reward="rm")).kl_in == "reward"
-    assert resolve_auto_options(EnvCfg(algo="ppo", kl_in="auto")).kl_in == "reward"
+    assert resolve_auto_options(EnvCfg(algo="reinforce++", kl_in="auto")).kl_in == "reward"
     assert resolve_auto_options(EnvCfg(algo=algo, kl_in="reward")).kl_in == "reward"  # as given
 
 
