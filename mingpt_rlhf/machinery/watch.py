@@ -44,6 +44,27 @@ def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
             f"closing lines count such updates")
 
 
+def cut_off_warning(stats: dict, cfg) -> str:
+    """The line printed when most of the first iteration's responses ran out of tokens."""
+    return (f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
+            f"--max_new_tokens {cfg.max_new_tokens} without EOS, and their scores replaced by "
+            f"--missing_eos_penalty {cfg.missing_eos_penalty:g}: the run learns from the "
+            f"penalty, not the reward. For a task without EOS (a text continued for a fixed "
+            f"length) pass --penalize_missing_eos false; else raise --max_new_tokens")
+
+
+def kl_warning(stats: dict, cfg, kl_high: int, beta: float) -> str:
+    """The line printed when the KL has been above twice --kl_target in a tenth of the run,
+    with advice in the options this run reads (online DPO's KL is its beta)."""
+    hold = (f"raise --dpo_beta (now {cfg.dpo_beta:g})" if cfg.algo == "online_dpo" else
+            f"raise --kl_coef (the starting beta, now {beta:.3g}), lower --kl_horizon (beta "
+            f"reacts faster)" if cfg.adaptive_kl else f"raise --kl_coef (beta, now {beta:.3g})")
+    return (f"warning: the KL to the SFT policy has been above twice --kl_target "
+            f"({2 * cfg.kl_target:g} nats) in {kl_high} iterations (now {stats['kl']:.1f}). To "
+            f"hold it: {hold}, lower --actor_lr, or set --target_kl (stops an update early); or "
+            f"accept it with a larger --kl_target")
+
+
 def stuck_warning(stats: dict, step: int, best: float) -> str:
     """The line printed when a run has had no learning signal for STUCK_AFTER iterations."""
     why = ("every group's rewards tied" if stats.get("zero_groups", 0.0) >= 1.0 else
@@ -101,24 +122,10 @@ class RunWatch:
             lines.append(idle_update_warning(stats, step, cfg.target_kl))
         if step - 1 == self.first_step and not cfg.env and cfg.penalize_missing_eos \
                 and stats["eos_rate"] < 0.1:
-            lines.append(f"warning: {1 - stats['eos_rate']:.0%} of the responses were cut off at "
-                         f"--max_new_tokens {cfg.max_new_tokens} without EOS, and their scores "
-                         f"replaced by --missing_eos_penalty {cfg.missing_eos_penalty:g}: the "
-                         f"run learns from the penalty, not the reward. For a task without EOS "
-                         f"(a text continued for a fixed length) pass --penalize_missing_eos "
-                         f"false; else raise --max_new_tokens")
+            lines.append(cut_off_warning(stats, cfg))
         self.kl_high += stats["kl"] > 2 * cfg.kl_target
         if self.kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
-            # advice in the options this run reads: online DPO's KL is its beta
-            hold = (f"raise --dpo_beta (now {cfg.dpo_beta:g})" if cfg.algo == "online_dpo" else
-                    f"raise --kl_coef (the starting beta, now {beta:.3g}), lower "
-                    f"--kl_horizon (beta reacts faster)" if cfg.adaptive_kl else
-                    f"raise --kl_coef (beta, now {beta:.3g})")
-            lines.append(f"warning: the KL to the SFT policy has been above twice --kl_target "
-                         f"({2 * cfg.kl_target:g} nats) in {self.kl_high} iterations (now "
-                         f"{stats['kl']:.1f}). To hold it: {hold}, lower --actor_lr, or set "
-                         f"--target_kl (stops an update early); or accept it with a larger "
-                         f"--kl_target")
+            lines.append(kl_warning(stats, cfg, self.kl_high, beta))
         if is_main():
             for line in lines:
                 tqdm.write(line)
