@@ -16,8 +16,8 @@ method, rate and seed `train_ppo.py --env FILE:CLASS --algo METHOD --max_new_tok
 
 Per run it records the held-out win rate at every eval (200 episodes, seeds 0..199; step 0 is
 the SFT policy), the final one, the largest `kl`, the iterations the run was `stuck` (no
-learning signal while below its best: machinery/watch.py) and the seconds. A run has
-collapsed when its final held-out win rate is below its SFT policy's. Perfect play wins every
+learning signal while below its best: machinery/watch.py), the seconds, and the date and
+commit it ran at. A run has collapsed when its final held-out win rate is below its SFT policy's. Perfect play wins every
 episode of both games (the optimum is 1.0); the target is a final win rate of at least 0.90
 in every run.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 
@@ -71,6 +72,16 @@ def sft_of(game: str, work: str) -> str:
     return sft
 
 
+def measured() -> str:
+    """When and at which commit a run was made ("2026-11-27 a5b235e")."""
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
+                                capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown commit"
+    return f"{time.strftime('%Y-%m-%d')} {commit}"
+
+
 def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
            iters: int, options: list[str] = ()) -> dict:
     """One RL run as train_ppo.py's command line would start it; `options` are more of its
@@ -84,7 +95,7 @@ def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     train = [r for r in rows if "pg_loss" in r]
     evals = [(r["step"], r["win"]) for r in rows if r.get("split") == "eval"]
-    return {"seconds": round(time.time() - start, 1), "sft_win": evals[0][1],
+    return {"seconds": round(time.time() - start, 1), "measured": measured(), "sft_win": evals[0][1],
             "win": evals[-1][1], "best_win": max(w for _, w in evals), "evals": evals,
             "max_kl": max(r["kl"] for r in train),
             "stuck_iterations": rows[-1].get("stuck_iterations", 0),
