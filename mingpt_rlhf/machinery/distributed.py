@@ -140,10 +140,14 @@ def all_agree(flag: bool) -> bool:
 
 
 def average_gradients(params: list[torch.Tensor], bucket: int = 2 ** 24) -> None:
-    """Replace each gradient by its mean over the ranks, in flat buckets of up to `bucket`
-    elements (one all-reduce per bucket instead of one per tensor)."""
-    if not is_distributed():
-        return
+    """Replace each gradient by its mean over the ranks (nothing to do in one process)."""
+    if is_distributed():
+        _average_in_buckets(params, bucket)
+
+
+def _average_in_buckets(params: list[torch.Tensor], bucket: int) -> None:
+    """`average_gradients` in flat buckets of up to `bucket` elements (one all-reduce per
+    bucket instead of one per tensor)."""
     for p in params:
         if p.grad is None:  # every rank must send the same tensors
             p.grad = torch.zeros_like(p)
