@@ -50,7 +50,7 @@ from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick
                                            prepare_out_dir, require_room_for_prompt, resolve_dtype,
                                            seed_everything)
 from mingpt_rlhf.tasks import get_task
-from mingpt_rlhf.machinery.watch import RunWatch
+from mingpt_rlhf.machinery.watch import RunWatch, largest_logratio
 
 # --help's groups: the recipe's options first (RECIPE: every option below without a group), then
 # each variant's options under its name (which runs read which: READ_ONLY_WITH, machinery/rl_options.py)
@@ -569,6 +569,7 @@ def main(cfg: Config) -> dict:
         stats[run.score_name] = stats.pop("rm_score")
         stats.update(source.figures(experiences))  # the gold of a built-in task
         stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
+        stats["max_logratio"] = largest_logratio(trainer, experiences[0], trainer.cfg.minibatch_size)
         stats.update(watch.check(stats, step + 1, trainer.kl_ctl.value))  # warnings, hacking
         run.log.log(step + 1, **stats)
         bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[run.score_name]:.2f}",

@@ -26,18 +26,21 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, with_entropy: boo
     return taken, -(logp.exp() * logp).sum(-1)
 
 
-def tempered_logprobs(logits, tokens, temperature: float = 1.0, suppress: int | None = None,
-                      entropy: str | None = None):
-    """log p(tokens) (rows,) under softmax(logits / temperature) with `suppress` (PAD) given
-    probability 0, and the entropy (rows,) of that distribution or None. logits: (rows, V)
-    float32. The one place this arithmetic is written: the sampler (for the log-probs of the
-    tokens it draws) and the scoring passes below must compute the same numbers."""
+def tempered_log_softmax(logits, temperature: float = 1.0, suppress: int | None = None):
+    """log softmax(logits / temperature) (rows, V) of float32 logits, `suppress` (PAD) at 0: the
+    one place it is written, as the sampler and the scoring passes must agree to the bit."""
     logits = logits / temperature  # (rows, V)
     if suppress is not None:
         # the id the policy never writes (PAD): probability exactly 0, as when sampling. The
         # most negative float, not -inf, keeps p * log p = 0 * finite = 0 in the entropy.
         logits[:, suppress] = torch.finfo(logits.dtype).min
-    logp = torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def tempered_logprobs(logits, tokens, temperature: float = 1.0, suppress: int | None = None,
+                      entropy: str | None = None):
+    """log p(tokens) (rows,) under `tempered_log_softmax`, and its entropy (rows,) or None."""
+    logp = tempered_log_softmax(logits, temperature, suppress)
     taken = logp.gather(-1, tokens[:, None]).squeeze(-1)
     if entropy is None:
         return taken, None

@@ -89,6 +89,8 @@ def check_run(out_dir, summary, rl=False):
         # bf16 one scoring pass gives both, and the KL is exactly 0 (logged as 0.0 in every
         # run here, float32 too: metrics.jsonl rounds to 6 decimals)
         assert step0 and abs(step0[0]["kl"]) < 1e-5 and first["step"] == 1 and abs(first["kl"]) < 1e-5
+        # two distributions that each sum to 1: some token's ratio is >= 1, a log-ratio >= 0
+        assert all(r["max_logratio"] >= -1e-5 for r in rows if "pg_loss" in r)
     read_run(out_dir)  # the plot's reader takes every run
 
 

@@ -11,21 +11,47 @@ names the state and what to try, and the figures behind it are logged:
   (every group's rewards tied, or it writes one answer: entropy under 0.01 nats) while its
   reward stayed below its best (`stuck`, logged every iteration; a run at its best, one that
   wins every episode, is done, not stuck);
-- the reward-hacking warning (lab/hacking.py): its signals are logged every iteration.
+- the reward-hacking warning (lab/hacking.py): its signals are logged every iteration;
+- `max_logratio` (`largest_logratio`), logged every iteration: how far the one token that
+  moved most has moved from the reference, over the whole vocabulary, which the KL figures
+  (means over the tokens the rollouts sampled) do not see.
 
     watch = RunWatch(cfg)
     stats.update(watch.check(stats, step, beta))  # each iteration, before the line is logged
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
+import torch
 from tqdm import tqdm
 
 from .distributed import is_main
 from ..lab.hacking import HackingMonitor
+from .lora import adapters_disabled
+from ..logprobs import CHUNK_ELEMENTS, tempered_log_softmax
 
 STUCK_AFTER = 10  # iterations without a learning signal, below the run's best, before it says so
+
+
+def largest_logratio(trainer, exp, rows: int) -> float:
+    """The largest log pi(v | prefix) - log ref(v | prefix) over the whole vocabulary at the
+    action positions of `exp`'s first `rows` rows, after the update: mass moving onto a token
+    no rollout samples, which the KL figures (means over sampled tokens) do not see."""
+    seqs, attn, T = exp.sequences[:rows], exp.attention_mask[:rows], exp.prompt_len
+    actions, actor, largest = exp.action_mask[:rows].bool(), trainer.actor, 0.0  # (max >= 0)
+    ref = trainer.ref if trainer.ref is not None else actor  # LoRA: the actor, adapters off
+    log_softmax = lambda model, hidden: tempered_log_softmax(  # as scored; PAD: the same floor
+        model.logits(hidden).float(), trainer.cfg.temperature, trainer.suppress)
+    with torch.no_grad(), trainer.amp():
+        hidden = actor.trunk(seqs, attn)[:, T - 1:-1][actions]  # (M, C)
+        with adapters_disabled(actor) if trainer.ref is None else contextlib.nullcontext():
+            ref_hidden = ref.trunk(seqs, attn)[:, T - 1:-1][actions]
+        step = max(1, CHUNK_ELEMENTS // actor.config.vocab_size)  # (step, V) logits at a time
+        for p, r in zip(hidden.split(step), ref_hidden.split(step)):  # (no adapted output layer)
+            largest = max(largest, (log_softmax(actor, p) - log_softmax(ref, r)).max().item())
+    return largest
 
 
 def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
