@@ -72,6 +72,17 @@ def sft_of(game: str, work: str) -> str:
     return sft
 
 
+def variant_tag(options: str) -> str:
+    """The key's tag of a variant: "--kl_in loss --kl_coef 0.2" -> "[kl_in=loss,kl_coef=0.2]"
+    (no spaces, so that docs can name a run's figures); "" for the defaults."""
+    words = options.split()
+    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
+        raise SystemExit(f"--options takes flags with one value each, as \"--kl_coef 0.2\": "
+                         f"not {options!r}")
+    pairs = [f"{flag[2:]}={value}" for flag, value in zip(words[::2], words[1::2])]
+    return f"[{','.join(pairs)}]" if pairs else ""
+
+
 def measured() -> str:
     """When and at which commit a run was made ("2026-11-27 a5b235e")."""
     try:
@@ -128,7 +139,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--options", default="", help="more train_ppo.py flags for a variant of "
                     "the defaults, as --options=\"--kl_coef 0.2\"; its runs are keyed and summed up "
-                    "apart: METHOD[OPTIONS]/RATE/SEED")
+                    "apart: METHOD[FLAG=VALUE,...]/RATE/SEED")
     ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has")
     ap.add_argument("--summary_only", action="store_true")
     args = ap.parse_args()
@@ -142,8 +153,7 @@ def main():
         for method in args.methods:
             for rate in args.rates:
                 for seed in args.seeds:
-                    variant = f"[{args.options}]" if args.options else ""
-                    key = f"{method}{variant}/{rate:g}/{seed}"
+                    key = f"{method}{variant_tag(args.options)}/{rate:g}/{seed}"
                     if key in result["runs"] and not args.rerun:
                         continue
                     tag = "".join(c if c.isalnum() or c in "._" else "_" for c in args.options).strip("_")
