@@ -3,6 +3,7 @@
     python bench/multiturn.py                      # 3 seeds, every method (~1 h on 2 CPU cores)
     python bench/multiturn.py --seeds 0 --methods grpo
     python bench/multiturn.py --draw_only          # redraw the picture from the JSON
+    python bench/multiturn.py --methods grpo --options="--kl_coef 0.2"   # a variant, keyed apart
     python bench/multiturn.py --actor_lr 5e-5 --methods grpo rloo ppo \
         --results bench/results/multiturn_lr5e-5.json --work out/bench_multiturn_lr5e-5
                                                    # the same at another learning rate
@@ -44,6 +45,7 @@ from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
 from mingpt_rlhf.methods.env_guess import GuessNumber, optimal_turns, teacher_success, teacher_turns, where_in_interval  # noqa: E402
 from mingpt_rlhf.methods.episodes import EpisodeSource, play_and_measure  # noqa: E402
 from mingpt_rlhf.logprobs import sequence_logprobs  # noqa: E402
+from mingpt_rlhf.machinery.cli import build_parser  # noqa: E402
 from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "multiturn.json")
@@ -93,16 +95,23 @@ def run_sft(seed: int, out: str) -> dict:
     return {"seconds": round(time.time() - start, 1), **held_out(out)}
 
 
+def flags(options: str) -> dict:
+    """train_ppo.py flags as Config fields: "--kl_coef 0.2" -> {"kl_coef": 0.2}."""
+    words = options.split()
+    given = vars(build_parser(train_ppo.Config).parse_args(words))
+    return {flag[2:]: given[flag[2:]] for flag in words[::2]}
+
+
 def run_rl(seed: int, sft: str, out: str, options: dict, iters: int, actor_lr: float) -> dict:
     start = time.time()
-    train_ppo.main(train_ppo.Config(out_dir=out, sft_dir=sft, env="guess", seed=seed,
-                                    max_new_tokens=TURN_TOKENS, max_iters=iters,
-                                    actor_lr=actor_lr, **options))
+    train_ppo.main(train_ppo.Config(**{**dict(out_dir=out, sft_dir=sft, env="guess", seed=seed,
+                                              max_new_tokens=TURN_TOKENS, max_iters=iters,
+                                              actor_lr=actor_lr), **options}))
     seconds = time.time() - start
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     evals = [r for r in rows if r.get("split") == "eval"]
     figures = held_out(out, sft)
-    figures.update(seconds=round(seconds, 1), kl=rows[-1]["kl"],
+    figures.update(seconds=round(seconds, 1), measured=results_file.measured(ROOT), kl=rows[-1]["kl"],
                    gen_tokens=sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r),
                    t_generate=sum(r.get("t_generate", 0) for r in rows if "pg_loss" in r),
                    curve=[{"step": r["step"], "success": r["success"], "turns": r["turns"]}
@@ -196,7 +205,11 @@ def main():
                     help="the actor's learning rate (-1: train_ppo.py's default for --env)")
     ap.add_argument("--results", default=RESULTS, help="the JSON to write (its picture beside it)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--options", default="", help="more train_ppo.py flags for a variant of "
+                    "the methods, as --options=\"--kl_coef 0.2\"; its runs are keyed and summed up "
+                    "apart: METHOD[FLAG=VALUE,...]/SEED")
     args = ap.parse_args()
+    tag = results_file.variant_tag(args.options)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = results_file.load(args.results)
@@ -212,20 +225,14 @@ def main():
                 result["runs"][key] = run_sft(seed, sft)
                 results_file.save(args.results, result)
             for method in args.methods:
-                key = f"{method}/{seed}"
+                key = f"{method}{tag}/{seed}"
                 if key in result["runs"] and not args.rerun:
                     continue
-                out = os.path.join(args.work, f"seed{seed}", method)
-                result["runs"][key] = run_rl(seed, sft, out, METHODS[method], args.iters,
-                                             args.actor_lr)
+                folder = method + "".join(c if c.isalnum() or c in "._=" else "_" for c in tag)
+                out = os.path.join(args.work, f"seed{seed}", folder)
+                result["runs"][key] = run_rl(seed, sft, out, {**METHODS[method], **flags(args.options)},
+                                             args.iters, args.actor_lr)
                 summarise(result)
-                results_file.save(args.results, result)
-        # runs measured before kl_actions was a figure: measure their checkpoints again
-        for key, run in result["runs"].items():
-            method, seed = key.split("/")
-            if method != "sft" and "kl_actions" not in run:
-                folder = os.path.join(args.work, f"seed{seed}")
-                run.update(held_out(os.path.join(folder, method), os.path.join(folder, "sft")))
                 results_file.save(args.results, result)
     summarise(result)
     results_file.save(args.results, result)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 
 
 def load(path: str) -> dict:
@@ -64,3 +66,24 @@ def train_stage(main, config_class, out_dir: str, **options) -> None:
         return
     resume = any(os.path.exists(os.path.join(out_dir, name, "ckpt.pt")) for name in ("", "member0"))
     main(config_class(out_dir=out_dir, resume=resume, **options))
+
+
+def variant_tag(options: str) -> str:
+    """The key's tag of a variant: "--kl_in loss --kl_coef 0.2" -> "[kl_in=loss,kl_coef=0.2]"
+    (no spaces, so that docs can name a run's figures); "" for the defaults."""
+    words = options.split()
+    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
+        raise SystemExit(f"--options takes flags with one value each, as \"--kl_coef 0.2\": "
+                         f"not {options!r}")
+    pairs = [f"{flag[2:]}={value}" for flag, value in zip(words[::2], words[1::2])]
+    return f"[{','.join(pairs)}]" if pairs else ""
+
+
+def measured(root: str) -> str:
+    """When and at which commit of the repository at `root` a run was made ("2026-11-27 a5b235e")."""
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], text=True,
+                                capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown commit"
+    return f"{time.strftime('%Y-%m-%d')} {commit}"

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 
@@ -72,27 +71,6 @@ def sft_of(game: str, work: str) -> str:
     return sft
 
 
-def variant_tag(options: str) -> str:
-    """The key's tag of a variant: "--kl_in loss --kl_coef 0.2" -> "[kl_in=loss,kl_coef=0.2]"
-    (no spaces, so that docs can name a run's figures); "" for the defaults."""
-    words = options.split()
-    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
-        raise SystemExit(f"--options takes flags with one value each, as \"--kl_coef 0.2\": "
-                         f"not {options!r}")
-    pairs = [f"{flag[2:]}={value}" for flag, value in zip(words[::2], words[1::2])]
-    return f"[{','.join(pairs)}]" if pairs else ""
-
-
-def measured() -> str:
-    """When and at which commit a run was made ("2026-11-27 a5b235e")."""
-    try:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
-                                capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown commit"
-    return f"{time.strftime('%Y-%m-%d')} {commit}"
-
-
 def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
            iters: int, options: list[str] = ()) -> dict:
     """One RL run as train_ppo.py's command line would start it; `options` are more of its
@@ -106,7 +84,7 @@ def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     train = [r for r in rows if "pg_loss" in r]
     evals = [(r["step"], r["win"]) for r in rows if r.get("split") == "eval"]
-    return {"seconds": round(time.time() - start, 1), "measured": measured(), "sft_win": evals[0][1],
+    return {"seconds": round(time.time() - start, 1), "measured": results_file.measured(ROOT), "sft_win": evals[0][1],
             "win": evals[-1][1], "best_win": max(w for _, w in evals), "evals": evals,
             "max_kl": max(r["kl"] for r in train),
             "stuck_iterations": rows[-1].get("stuck_iterations", 0),
@@ -153,7 +131,7 @@ def main():
         for method in args.methods:
             for rate in args.rates:
                 for seed in args.seeds:
-                    key = f"{method}{variant_tag(args.options)}/{rate:g}/{seed}"
+                    key = f"{method}{results_file.variant_tag(args.options)}/{rate:g}/{seed}"
                     if key in result["runs"] and not args.rerun:
                         continue
                     tag = "".join(c if c.isalnum() or c in "._" else "_" for c in args.options).strip("_")
