@@ -132,8 +132,11 @@ class Config:
                                 "function included: 1e-4 once collapsed on the reward model, and "
                                 "with --reward task 5e-5 was still rising at the end, docs/rewards.md)")
     critic_lr: float = opt(3e-4, "critic (or shared value head) learning rate, decayed linearly")
-    kl_coef: float = opt(0.05, "initial KL penalty coefficient beta (0 = no KL penalty); not "
-                               "online_dpo, whose KL is --dpo_beta")
+    kl_coef: float = opt(-1.0, "initial KL penalty coefficient beta (0 = no KL penalty; -1 = "
+                               "auto: 0.2 for grpo and rloo with --env, whose runs at 0.05 could "
+                               "settle on moves blind to what decides the game "
+                               "(docs/multiturn.md), else 0.05); not online_dpo, whose KL is "
+                               "--dpo_beta")
     adaptive_kl: bool = opt(True, "adapt beta so that the KL to the SFT policy approaches "
                                   "--kl_target (false: beta stays --kl_coef); not online_dpo")
     kl_target: float = opt(3.0, "target KL to the SFT policy in nats per response: the sum over "
@@ -766,7 +769,9 @@ def run_line(cfg: Config, actor, source, device, dtype) -> str:
               if cfg.algo == "reinforce++" else
               f"{cfg.algo}, groups of {cfg.group_size}")
     method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
-               if cfg.algo == "online_dpo" else f", KL {cfg.kl_estimator} in the {cfg.kl_in}")
+               if cfg.algo == "online_dpo" else
+               f", KL {cfg.kl_estimator} in the {cfg.kl_in}, beta {cfg.kl_coef:g}"
+               f"{' (adaptive)' if cfg.adaptive_kl else ''}")
     return (f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M "
             f"trained), {source.describe()}, device {device}, {str(dtype).replace('torch.', '')}")
 

@@ -78,6 +78,10 @@ def resolve_auto_options(cfg):
       a KL in the reward: in a group whose episodes all end alike every advantage is 0, and a
       token the policy is sure of has a vanishing policy gradient whatever its advantage; the
       KL's gradient in the loss does not go through the advantages (docs/troubleshooting.md);
+    - kl_coef -1: 0.2 for grpo and rloo with an environment, else 0.05. Why: at 0.05 their
+      runs of a game could settle on moves that ignore what decides it (the corridor's door);
+      the larger pull towards the reference keeps both moves sampled long enough to learn it
+      (docs/multiturn.md measured both);
     - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
     - offpolicy "gspo": ratio "sequence" (GSPO's ratio, taken against the sampler);
     - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
@@ -102,6 +106,9 @@ def resolve_auto_options(cfg):
     if cfg.kl_in == "auto":
         episodes = algo in ("ppo", "grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
         auto["kl_in"] = "loss" if (algo == "grpo" and norm == "grpo") or episodes else "reward"
+    if getattr(cfg, "kl_coef", None) == -1:  # (a caller's cfg may not have it)
+        group_game = algo in ("grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
+        auto["kl_coef"] = 0.2 if group_game else 0.05
     if getattr(cfg, "kl_estimator", None) == "auto":  # (a caller's cfg may not have it)
         auto["kl_estimator"] = default_kl_estimator(auto.get("kl_in", cfg.kl_in))
     if cfg.reduction == "auto":

@@ -103,7 +103,7 @@ CASES = [
     ("train_ppo", ["--eval_prompts", "0"], ["--eval_prompts"]),
     ("train_ppo", ["--top_p", "0"], ["--top_p"]),
     ("train_ppo", ["--temperature", "0"], ["--temperature"]),
-    ("train_ppo", ["--kl_coef", "-1"], ["--kl_coef"]),
+    ("train_ppo", ["--kl_coef", "-0.5"], ["--kl_coef"]),
     ("train_ppo", ["--max_new_tokens", "500"], ["--max_new_tokens"]),
     ("train_dpo", ["--beta", "-1"], ["--beta"]),
     ("train_dpo", ["--loss", "kto"], ["--loss"]),

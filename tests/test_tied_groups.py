@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+import train_ppo
 from mingpt_rlhf.ppo_trainer import resolve_auto_options
 
 from test_critic_free import grouped_prompts
@@ -24,6 +25,7 @@ class EnvCfg(Cfg):
     """A run whose rewards come from an environment (`--env`), every "auto" left to resolve."""
     reward: str = "env"
     kl_estimator: str = "auto"
+    kl_coef: float = -1.0
 
 
 def collapsed_trainer(kl_in: str, cfg=Cfg):
@@ -73,6 +75,20 @@ def test_with_an_environment_the_kl_goes_in_the_loss(algo):
     assert resolve_auto_options(replace(EnvCfg(algo=algo, kl_in="auto"), reward="rm")).kl_in == "reward"
     assert resolve_auto_options(EnvCfg(algo="reinforce++", kl_in="auto")).kl_in == "reward"
     assert resolve_auto_options(EnvCfg(algo=algo, kl_in="reward")).kl_in == "reward"  # as given
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo", "reinforce++"])
+def test_with_an_environment_the_group_methods_start_with_a_larger_kl_coefficient(algo):
+    """--kl_coef auto: 0.2 for grpo and rloo with --env (their runs of the corridor game at
+    0.05 could walk alike whatever the door), 0.05 for ppo and reinforce++ and without --env;
+    a coefficient given is kept."""
+    expected = 0.2 if algo in ("grpo", "rloo") else 0.05
+    assert resolve_auto_options(EnvCfg(algo=algo)).kl_coef == expected
+    assert resolve_auto_options(EnvCfg(algo=algo, reward="rm")).kl_coef == 0.05
+    assert resolve_auto_options(EnvCfg(algo=algo, kl_coef=0.1)).kl_coef == 0.1
+    run = train_ppo.Config(env="guess", algo=algo)
+    train_ppo.check_config(run)          # what train_ppo.py trains with, saves and prints
+    assert run.kl_coef == expected
 
 
 def test_a_collapsed_game_comes_back_at_the_defaults():

@@ -240,7 +240,7 @@ def check_config(cfg) -> None:
         resolved = resolve_auto_options(cfg)
     except ValueError as e:
         raise UserError(str(e)) from None
-    for name in ("actor_lr", "ptx_coef", "kl_in", "kl_estimator", "reduction"):
+    for name in ("actor_lr", "ptx_coef", "kl_in", "kl_coef", "kl_estimator", "reduction"):
         setattr(cfg, name, getattr(resolved, name))
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
@@ -274,8 +274,9 @@ def check_config(cfg) -> None:
         raise UserError(f"--top_k must be >= 0 (0 = off), got {cfg.top_k}")
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"--top_p must be in (0, 1], got {cfg.top_p}")
-    if cfg.kl_coef < 0 or cfg.kl_target <= 0:
-        raise UserError("--kl_coef must be >= 0 and --kl_target > 0")
+    if (reads(cfg, "kl_coef") and cfg.kl_coef < 0) or cfg.kl_target <= 0:
+        raise UserError(f"--kl_coef must be >= 0 (or -1 for auto) and --kl_target > 0, got "
+                        f"{cfg.kl_coef} and {cfg.kl_target}")
     if cfg.adaptive_kl and cfg.kl_coef == 0:
         raise UserError("--kl_coef 0 with the adaptive KL controller: beta can only be scaled, "
                         "so it would stay 0; pass a starting --kl_coef > 0, or --adaptive_kl false")
