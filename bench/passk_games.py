@@ -12,7 +12,8 @@ is estimated without bias from the wins (mingpt_rlhf/lab/passk.py) for k = 1, 2,
 to --n, averaged over the openings. Yue et al. (2025) report that RL raises pass@1 while the
 model it started from solves more problems at large k; here a policy that walks alike
 whatever the door has openings it can hardly ever win, which its random-walking SFT policy
-wins with enough attempts. Written to bench/results/passk_games_GAME.json, keyed by the
+wins with enough attempts (each policy's `start_above_from`: the least k at which the run
+keyed "sft" is above it, and `start_above_by`, by how much at most). Written to bench/results/passk_games_GAME.json, keyed by the
 folder's name, each as it ends.
 """
 from __future__ import annotations
@@ -60,11 +61,28 @@ def curve(counts: dict, n: int) -> dict:
     return {str(k): round(v, 4) for k, v in pass_at_k_curve([(n, c) for c in counts.values()], ks).items()}
 
 
+def against_start(result: dict, start: str = "sft") -> None:
+    """For each policy, where the policy it started from (the run keyed `start`) is above it:
+    `start_above_from`, the least k at which its pass@k is higher (None: at no k), and
+    `start_above_by`, the largest margin over the k (0 when never above)."""
+    if start not in result["runs"]:
+        return
+    base = result["runs"][start]["pass_at_k"]
+    for run in result["runs"].values():
+        gaps = {int(k): base[k] - v for k, v in run["pass_at_k"].items() if k in base}
+        above = [k for k, g in sorted(gaps.items()) if g > 0]
+        run["start_above_from"] = above[0] if above else None
+        run["start_above_by"] = round(max([0.0, *gaps.values()]), 4)
+
+
 def table(result: dict) -> str:
     ks = ["1", "4", "16", "64", "256", "1024"]
-    lines = [f"{'policy':36s} " + " ".join(f"{'@' + k:>7s}" for k in ks)]
+    lines = [f"{'policy':36s} " + " ".join(f"{'@' + k:>7s}" for k in ks) + "  the SFT policy above"]
     for name, run in result["runs"].items():
-        lines.append(f"{name:36s} " + " ".join(f"{run['pass_at_k'].get(k, float('nan')):7.3f}" for k in ks))
+        above = (f"from k = {run['start_above_from']}, by up to {run['start_above_by']:.3f}"
+                 if run.get("start_above_from") else "")
+        lines.append(f"{name:36s} " + " ".join(f"{run['pass_at_k'].get(k, float('nan')):7.3f}" for k in ks)
+                     + "  " + above)
     return "\n".join(lines)
 
 
@@ -88,6 +106,8 @@ def main():
                                 "unreached": sum(c == 0 for c in counts.values()),
                                 "measured": results_file.measured(ROOT)}
         results_file.save(path, result)
+    against_start(result)
+    results_file.save(path, result)
     print(table(result))
 
 

@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("multiturn.py", "multiturn.json", "--draw_only", "success"),
     ("passk.py", "passk.json", "--table", "@1"),
     ("user_games.py", "user_games_duel.json", "--summary_only", ""),
+    ("passk_games.py", "passk_games_corridor.json", "--table", "@1024"),
 ])
 def test_a_summary_runs_on_the_committed_results(tmp_path, script, json_name, flag, expect):
     source = os.path.join(ROOT, "bench", "results", json_name)
@@ -21,7 +22,7 @@ def test_a_summary_runs_on_the_committed_results(tmp_path, script, json_name, fl
         pytest.skip(f"bench/results/{json_name} is not committed yet")
     copy = tmp_path / json_name
     shutil.copy(source, copy)
-    extra = ["--game", "duel"] if script == "user_games.py" else []
+    extra = {"user_games.py": ["--game", "duel"], "passk_games.py": ["--game", "corridor"]}.get(script, [])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), flag,
                            "--results", str(copy), *extra], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
@@ -29,17 +30,60 @@ def test_a_summary_runs_on_the_committed_results(tmp_path, script, json_name, fl
     assert expect in proc.stdout
 
 
-def test_corridor_moves_counts_left_moves_per_door():
-    """bench/corridor_moves.py on two hand-written episodes of the last recorded iteration
-    (an earlier iteration's episode is left out): door 0 walked left twice, door 8 left then
-    right, then EOS and the environment's tokens that are not moves."""
+def test_first_moves_names_every_opening_and_its_right_move():
+    """bench/first_moves.py enumerates the duel's six piles (right: the move that leaves a
+    multiple of 3) and the corridor's twelve starts (right: towards the door)."""
     from conftest import bench_module
-    moves = bench_module("corridor_moves")
-    def episode(step, door, tokens, env):
-        return {"step": step, "prompt": f"a corridor of 9 cells . you are at 4 , the door is at {door} .",
-                "tokens": tokens, "env": env}
-    rollouts = [episode(20, 0, ["right", " right"], [0, 0]),
-                episode(40, 0, ["left", " <eos>", " you", " left"], [0, 0, 1, 0]),
-                episode(40, 8, ["left", " <eos>", " left", " right"], [0, 0, 1, 0])]
-    assert moves.moves_by_door(rollouts) == {"step": 40, "left_share_door_0": 1.0,
-                                             "left_share_door_8": 0.5}
+    first = bench_module("first_moves")
+    duel = first.openings("duel")
+    assert {name: right for name, (_, right, *_) in duel.items()} == {
+        "pile 4": "one", "pile 5": "two", "pile 7": "one", "pile 8": "two", "pile 10": "one",
+        "pile 11": "two"}
+    assert all(text.startswith(name.split()[1] + " stones") for name, (text, *_) in duel.items())
+    # by hand: from 4, taking two leaves 2, and the opponent takes both half the time; from 11,
+    # taking one leaves 10: the opponent leaves 8 (we win) or 9, from which we win 7 of 8
+    # (leave 8: the opponent leaves 7, ours, or 6, from which we win 3 of 4)
+    assert duel["pile 4"][2] == 0.5 and duel["pile 11"][2] == 15 / 16
+    corridor = first.openings("corridor")
+    assert len(corridor) == 12
+    assert {right for name, (_, right, *_) in corridor.items() if name.startswith("door 0")} == {"left"}
+    assert {right for name, (_, right, *_) in corridor.items() if name.startswith("door 8")} == {"right"}
+    # a step away from a door 4 cells off leaves 5 cells for the 5 moves left; from 5 cells, 6
+    assert corridor["door 0 at 4"][2] == 1.0 and corridor["door 0 at 5"][2] == 0.0
+
+
+def test_first_moves_reads_the_probability_the_sampler_draws_with():
+    """The probability of each move after an opening equals exp of the log-prob the trainer's
+    own function gives that move as a one-token response (PAD suppressed), on a random GPT."""
+    from conftest import bench_module
+    import torch
+    from mingpt_rlhf.logprobs import sequence_logprobs
+    from mingpt_rlhf.model import GPT, GPTConfig
+    from mingpt_rlhf.tokenizer import WordTokenizer
+    first = bench_module("first_moves")
+    openings = first.openings("corridor")
+    tok = WordTokenizer.from_texts([t for t, *_ in openings.values()] + ["left right"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2,
+                          n_embd=32)).eval()
+    text = openings["door 8 at 3"][0]
+    p = first.move_probabilities(model, tok, text, ("left", "right"))
+    for word in ("left", "right"):
+        seq = torch.tensor([tok.encode(text) + tok.encode(word)])
+        lp = sequence_logprobs(model, seq, torch.ones_like(seq), seq.size(1) - 1,
+                               suppress=tok.pad_id)[0]
+        assert abs(p[word] - lp.exp().item()) < 1e-5
+    assert 0 < p["left"] + p["right"] < 1
+
+
+def test_passk_games_says_from_which_k_the_starting_policy_is_above():
+    """A policy above the SFT policy at small k and below it from k = 4 on: start_above_from
+    is 4 and start_above_by the largest margin; the SFT policy itself is never above itself."""
+    from conftest import bench_module
+    games = bench_module("passk_games")
+    result = {"runs": {"sft": {"pass_at_k": {"1": 0.2, "2": 0.4, "4": 0.7, "8": 1.0}},
+                       "rl": {"pass_at_k": {"1": 0.6, "2": 0.6, "4": 0.65, "8": 0.8}}}}
+    games.against_start(result)
+    assert result["runs"]["rl"]["start_above_from"] == 4
+    assert abs(result["runs"]["rl"]["start_above_by"] - 0.2) < 1e-9
+    assert result["runs"]["sft"]["start_above_from"] is None and result["runs"]["sft"]["start_above_by"] == 0
