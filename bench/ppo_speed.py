@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 from mingpt_rlhf.heads import Critic, ScalarHead  # noqa: E402
 from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
 from mingpt_rlhf.ppo import FixedKLController  # noqa: E402
-from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
+from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options  # noqa: E402
 from mingpt_rlhf.machinery.runtime import DTYPES, autocast  # noqa: E402
 from train_ppo import Config  # noqa: E402
 
@@ -71,9 +71,9 @@ def measure(critic: str = "shared", dtype: str = "float32", iters: int = 10, war
         critic_model = Critic(config)
     else:
         value_head = ScalarHead(config.n_embd)
-    cfg = Config(critic=critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16,
-                 max_new_tokens=32, temperature=1.0, ptx_coef=0.0,
-                 target_kl=0.0)  # every update does all 4 x 4 minibatch steps
+    cfg = resolve_auto_options(Config(
+        critic=critic, rollout_batch_size=64, ppo_epochs=4, minibatch_size=16, max_new_tokens=32,
+        temperature=1.0, ptx_coef=0.0, target_kl=0.0))  # every update does all 4 x 4 minibatch steps
 
     def reward_fn(sequences, attention_mask, action_mask):
         responses = sequences[:, -action_mask.size(1):]

@@ -32,7 +32,7 @@ from mingpt_rlhf.losses import actor_loss, experience_advantages  # noqa: E402
 from mingpt_rlhf.model import GPT, GPTConfig  # noqa: E402
 from mingpt_rlhf.ppo import (FixedKLController, approx_kl, gae, kl_shaped_rewards,  # noqa: E402
                              masked_mean, masked_whiten, policy_loss, value_loss)
-from mingpt_rlhf.ppo_trainer import PPOTrainer  # noqa: E402
+from mingpt_rlhf.ppo_trainer import PPOTrainer, resolve_auto_options  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "worked_iteration.md")
 PAD, EOS, TARGET = 0, 1, 4
@@ -50,9 +50,9 @@ def toy_reward(sequences, attention_mask, action_mask):
 def options():
     """train_ppo.py's defaults, but for the sizes of a tiny batch and a large learning rate."""
     from train_ppo import Config
-    return dataclasses.replace(
+    return resolve_auto_options(dataclasses.replace(
         Config(), max_new_tokens=4, minibatch_size=2, ppo_epochs=2, actor_lr=0.005,
-        critic_lr=0.005, ptx_coef=0.0, target_kl=0.0, adaptive_kl=False)
+        critic_lr=0.005, ptx_coef=0.0, target_kl=0.0, adaptive_kl=False))
 
 
 def build(cfg):

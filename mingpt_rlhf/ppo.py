@@ -277,6 +277,9 @@ def explained_variance(values, returns, action_mask) -> float:
 # ----------------------------------------------------------------------------- KL coefficient
 class FixedKLController:
     def __init__(self, kl_coef: float):
+        if kl_coef < 0:  # -1 is train_ppo.Config's "auto", which ppo_trainer.resolve_auto_options resolves
+            raise ValueError(f"a fixed KL coefficient must be >= 0, got {kl_coef} (resolve the config's "
+                             f"\"auto\" options first)")
         self.value = kl_coef
 
     def update(self, kl: float) -> None:

@@ -113,3 +113,12 @@ def test_state_round_trip_continues_exactly():
 def test_refuses_a_beta_it_could_never_move():
     with pytest.raises(ValueError):
         AdaptiveKLController(0.0, TARGET, 10.0)
+
+
+def test_refuses_the_unresolved_auto_coefficient():
+    """train_ppo.Config's kl_coef is -1 (auto) until the config is resolved; a controller built
+    from it would turn the KL penalty into a bonus."""
+    with pytest.raises(ValueError, match="resolve"):
+        FixedKLController(-1.0)
+    with pytest.raises(ValueError):
+        AdaptiveKLController(-1.0, TARGET, 10.0)
