@@ -25,7 +25,6 @@ bench/results/first_moves_GAME.json, keyed by the folder's name.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -38,6 +37,7 @@ import results_file  # noqa: E402
 import torch  # noqa: E402
 
 from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from user_games import GAMES as USER_GAMES, game_module  # noqa: E402
 
 SURE = 0.05          # below this, the right move is one the policy no longer samples
 SEEDS = range(1000)  # enough seeds to draw every opening of both games
@@ -69,23 +69,21 @@ def corridor_opening(env, module) -> tuple[str, str, float]:
             float(away <= module.MOVES - 1))
 
 
-GAMES = {"duel": ("duel_env.py", "Duel", duel_opening, ("one", "two")),
-         "corridor": ("corridor_env.py", "Corridor", corridor_opening, ("left", "right"))}
+# per game: how an opening is named and which first move is right, and the two moves' words
+GAMES = {"duel": (duel_opening, ("one", "two")), "corridor": (corridor_opening, ("left", "right"))}
 
 
-def game_module(game: str):
-    path = os.path.join(ROOT, "examples", GAMES[game][0])
-    spec = importlib.util.spec_from_file_location(GAMES[game][0][:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def game_class(game: str):
+    """(the game's module, its environment class), loaded as bench/user_games.py loads them."""
+    module = game_module(game)[0]
+    return module, getattr(module, USER_GAMES[game][1])
 
 
 def openings(game: str) -> dict:
     """{name: (opening text, right word, the chance to win after the wrong first move, the
     first seed that draws it)} of every opening the seeds draw."""
-    module = game_module(game)
-    env_class, describe = getattr(module, GAMES[game][1]), GAMES[game][2]
+    module, env_class = game_class(game)
+    describe = GAMES[game][0]
     found = {}
     for seed in SEEDS:
         env = env_class()
@@ -116,7 +114,7 @@ def move_probabilities(policy, tokenizer, text: str, words) -> dict:
 
 def measure(game: str, folder: str) -> dict:
     policy, tokenizer, _ = load_policy(folder, flag="--ckpt_dir")
-    words = GAMES[game][3]
+    words = GAMES[game][1]
     p_right, wrong_wins, left = {}, {}, {}
     for name, (text, right, wins, _) in openings(game).items():
         p = move_probabilities(policy, tokenizer, text, words)

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import results_file  # noqa: E402
 import torch  # noqa: E402
 
-from first_moves import GAMES, game_module, openings  # noqa: E402
+from first_moves import GAMES, game_class, openings  # noqa: E402
 from mingpt_rlhf.lab.passk import pass_at_k_curve  # noqa: E402
 from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
 from mingpt_rlhf.methods.episodes import EpisodeSource  # noqa: E402
@@ -42,7 +42,7 @@ MAX_TURNS = 8        # train_ppo.py's --max_turns: more than either game lasts
 def wins(folder: str, game: str, n: int, batch_size: int = 256) -> dict:
     """{opening: how many of n attempts the policy in `folder` won}."""
     policy, tokenizer, _ = load_policy(folder, flag="--ckpt_dir")
-    env_class = getattr(game_module(game), GAMES[game][1])
+    env_class = game_class(game)[1]
     source = EpisodeSource(env_class, game, tokenizer, max_turns=MAX_TURNS)
     cfg = argparse.Namespace(max_new_tokens=TURN_TOKENS, temperature=1.0)
     generator = torch.Generator().manual_seed(0)
