@@ -4,6 +4,7 @@
     python bench/passk.py --seeds 0 --n 256            # a quicker look
     python bench/passk.py --table                      # the table from the JSON
     python bench/passk.py --policies grpo_kl_cov       # one more policy, 3 seeds
+    python bench/passk.py --policies grpo_clip_cov grpo_kl_cov grpo_entropy   # the entropy row
 
 For each seed: SFT on the sort task's teacher (`train_sft.py --task sort --seed S`), then each
 RL policy of RL below from it on the exact-match check (`train_ppo.py --task sort --reward task
@@ -12,8 +13,11 @@ KL-Cov; every other option at its default); then each policy answers each of the
 problems --n times at temperature 1, and pass@k is estimated without bias from those draws
 (mingpt_rlhf/lab/passk.py) for k = 1, 2, 4, ..., up to --n, over all the problems and over
 the never-seen ones (held-out problems whose digits no training problem holds: their answers
-were never shown). Each policy's counts are saved to bench/results/passk.json as they end (a
-killed bench goes on where it stopped). Yue et al. (2025) report that RL raises pass@1 while
+were never shown). Beside the counts, each RL policy's training ends in `trained`: the final
+held-out accuracy and KL its run logged and its mean token entropy over the last 20
+iterations, which set Clip-Cov, KL-Cov and an entropy bonus against the default. Each
+policy's counts are saved to bench/results/passk.json as they end (a killed bench goes on
+where it stopped). Yue et al. (2025) report that RL raises pass@1 while
 the model it started from solves more problems at large k: the curves would cross.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.lab.passk import pass_at_k_curve, right_answers  # noqa: E402
 from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "passk.json")
@@ -41,7 +46,9 @@ RESULTS = os.path.join(ROOT, "bench", "results", "passk.json")
 RL = {"grpo": dict(algo="grpo"), "ppo": dict(algo="ppo"),
       "grpo_negative": dict(algo="grpo", learn_tokens="negative"),   # what to avoid, only
       "grpo_clip_cov": dict(algo="grpo", cov_loss="clip_cov"),
-      "grpo_kl_cov": dict(algo="grpo", cov_loss="kl_cov")}
+      "grpo_kl_cov": dict(algo="grpo", cov_loss="kl_cov"),
+      "grpo_entropy": dict(algo="grpo", entropy_coef=0.01)}   # the usual way to keep entropy
+TRAINED = ("gold", "gold_unseen", "kl", "entropy")
 
 
 def counts_of(policy_dir: str, task, n: int, problems: int, seed: int) -> dict:
@@ -52,6 +59,17 @@ def counts_of(policy_dir: str, task, n: int, problems: int, seed: int) -> dict:
     right = right_answers(model, tokenizer, task, prompts, n, max_new_tokens=16,
                           generator=generator)
     return {"right": right, "unseen": [task.unseen(p) for p in prompts]}
+
+
+def trained(folder: str) -> dict:
+    """What an RL run's own log says at its end: the final held-out accuracy (all problems, the
+    unseen ones), the KL to the SFT policy, and the mean token entropy of its rollouts over the
+    last 20 iterations."""
+    rows = read_metrics(os.path.join(folder, "metrics.jsonl"))
+    final = [r for r in rows if r.get("final")][-1]
+    entropy = [r["entropy"] for r in rows if "entropy" in r and "split" not in r][-20:]
+    return {"gold": final["gold"], "gold_unseen": final["gold_unseen"], "kl": final["kl"],
+            "entropy": sum(entropy) / len(entropy)}
 
 
 def curves(run: dict, n: int) -> dict:
@@ -67,6 +85,8 @@ def with_curves(result: dict) -> dict:
     result["curves"] = {key: curves(run, result["n"]) for key, run in result["runs"].items()}
     flat = {key: {f"{part}@{k}": v for part, curve in c.items() for k, v in curve.items()}
             for key, c in result["curves"].items()}
+    for key, run in result["runs"].items():
+        flat[key].update(run.get("trained", {}))
     result["spread"] = results_file.over_seeds(flat, sorted({f for r in flat.values() for f in r}))
     return result
 
@@ -78,6 +98,8 @@ def table(result: dict) -> None:
         print(f"{key:12s} " + " ".join(f"@{k} {v:.3f}" for k, v in c["all"].items())
               + f"   unseen ({sum(run['unseen'])}): "
               + " ".join(f"@{k} {v:.3f}" for k, v in c["unseen"].items()))
+        if "trained" in run:
+            print(" " * 13 + "trained: " + ", ".join(f"{f} {run['trained'][f]:.3f}" for f in TRAINED))
 
 
 def main():
@@ -106,13 +128,21 @@ def main():
             results_file.train_stage(train_sft.main, train_sft.Config, sft, task="sort", seed=seed)
             for name in args.policies:
                 key = f"{name}/{seed}"
-                if key in result["runs"]:
-                    continue
                 folder = os.path.join(args.work, f"seed{seed}", name) if name != "sft" else sft
+                if key in result["runs"]:
+                    run = result["runs"][key]   # an older entry gains its run's end if it is here
+                    if name != "sft" and "trained" not in run and os.path.exists(
+                            os.path.join(folder, "metrics.jsonl")):
+                        run["trained"] = trained(folder)
+                        results_file.save(args.results, with_curves(result))
+                    continue
                 if name != "sft":
                     results_file.train_stage(train_ppo.main, train_ppo.Config, folder, sft_dir=sft,
                                              task="sort", reward="task", seed=seed, **RL[name])
                 result["runs"][key] = counts_of(folder, task, args.n, args.problems, seed)
+                result["runs"][key]["measured"] = results_file.measured(ROOT)
+                if name != "sft":
+                    result["runs"][key]["trained"] = trained(folder)
                 results_file.save(args.results, with_curves(result))
     else:
         results_file.save(args.results, with_curves(result))

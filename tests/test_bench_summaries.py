@@ -87,3 +87,19 @@ def test_passk_games_says_from_which_k_the_starting_policy_is_above():
     assert result["runs"]["rl"]["start_above_from"] == 4
     assert abs(result["runs"]["rl"]["start_above_by"] - 0.2) < 1e-9
     assert result["runs"]["sft"]["start_above_from"] is None and result["runs"]["sft"]["start_above_by"] == 0
+
+
+def test_passk_reads_a_runs_end_from_its_own_log(tmp_path):
+    """bench/passk.py's `trained`: the final summary's accuracy and KL (not an earlier eval's),
+    and the rollouts' entropy averaged over the last 20 training iterations only."""
+    import json
+    from conftest import bench_module
+    passk = bench_module("passk")
+    rows = [{"step": s, "entropy": 1.0 if s <= 10 else 0.5, "score": 0.1} for s in range(1, 31)]
+    rows += [{"step": 20, "split": "eval", "gold": 0.5, "gold_unseen": 0.4, "kl": 0.1},
+             {"step": 30, "split": "eval", "gold": 0.9, "gold_unseen": 0.8, "kl": 0.3},
+             {"step": 30, "final": True, "gold": 0.9, "gold_unseen": 0.8, "kl": 0.3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    end = passk.trained(str(tmp_path))
+    assert (end["gold"], end["gold_unseen"], end["kl"]) == (0.9, 0.8, 0.3)
+    assert abs(end["entropy"] - 0.5) < 1e-12          # iterations 11-30: all 0.5
