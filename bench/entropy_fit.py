@@ -56,8 +56,14 @@ def main(argv=None) -> dict:
     ap.add_argument("runs", nargs="+", help="train_ppo.py out_dir folders")
     ap.add_argument("--score", default="gold", help="the held-out figure of each eval line")
     ap.add_argument("--json", default="", help="write the fits here")
+    ap.add_argument("--source", default="", help="what made the runs, for the JSON (as "
+                    "\"python bench/passk.py, seeds 0-2\")")
     args = ap.parse_args(argv)
     every, result = [], {"score": args.score, "runs": {}}
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import results_file
+    result["command"] = " ".join(["python bench/entropy_fit.py", *(argv if argv is not None else sys.argv[1:])])
+    result["measured"] = results_file.measured(ROOT) + (f"; the runs: {args.source}" if args.source else "")
     for run in args.runs:
         if not os.path.exists(os.path.join(run, "metrics.jsonl")):
             print(f"error: no metrics.jsonl in {run}", file=sys.stderr)

@@ -3,6 +3,7 @@
     python bench/passk.py                              # seeds 0 1 2, n = 1024, 200 problems
     python bench/passk.py --seeds 0 --n 256            # a quicker look
     python bench/passk.py --table                      # the table from the JSON
+    python bench/passk.py --draw                       # its picture, bench/results/passk.png
     python bench/passk.py --policies grpo_kl_cov       # one more policy, 3 seeds
     python bench/passk.py --policies grpo_clip_cov grpo_kl_cov grpo_entropy   # the entropy row
 
@@ -102,6 +103,41 @@ def table(result: dict) -> None:
             print(" " * 13 + "trained: " + ", ".join(f"{f} {run['trained'][f]:.3f}" for f in TRAINED))
 
 
+def draw(result: dict, path: str) -> None:
+    """Two panels over k (log scale): pass@k of each policy, and the problems it still misses
+    (problems x (1 - pass@k), log scale: where the curves near 1 cross). Each line is the mean
+    over the seeds, the band their min-max."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("error: --draw needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        sys.exit(2)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    spread, problems = result["spread"], result["problems"]
+    ks = sorted({int(f.split("@")[1]) for row in spread.values() for f in row if f.startswith("all@")})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for policy in sorted(spread, key=lambda p: (p != "sft", p)):
+        rows = [spread[policy][f"all@{k}"] for k in ks]
+        style = dict(color="black", linestyle="--") if policy == "sft" else {}
+        for ax, f in ((axes[0], lambda v: v), (axes[1], lambda v: problems * (1 - v) + 0.1)):
+            line, = ax.plot(ks, [f(r["mean"]) for r in rows], marker=".", label=policy, **style)
+            ax.fill_between(ks, [f(r["min"]) for r in rows], [f(r["max"]) for r in rows],
+                            color=line.get_color(), alpha=0.15)
+    axes[0].set_ylabel("pass@k (held-out problems)")
+    axes[1].set_ylabel(f"problems of {problems} not yet solved (+0.1, log)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k (answers drawn per problem)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"sort: pass@k of the SFT policy and of RL from it, {result['n']} "
+                 f"draws per problem, seeds' mean and range", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -114,9 +150,14 @@ def main():
                     choices=["sft", *RL], help="which policies (sft: the one RL starts from)")
     ap.add_argument("--table", action="store_true", help="only print the table of the JSON "
                     "(and write its curves into it)")
+    ap.add_argument("--draw", action="store_true", help="only draw the JSON's curves into "
+                    "bench/results/passk.png (needs matplotlib)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     result = results_file.load(args.results)
+    if args.draw:
+        draw(with_curves(result), os.path.join(os.path.dirname(os.path.abspath(args.results)), "passk.png"))
+        return
     if not args.table:
         if result.get("n", args.n) != args.n or result.get("problems", args.problems) != args.problems:
             sys.exit(f"{args.results} holds n={result['n']}, problems={result['problems']}: "

@@ -103,3 +103,38 @@ def test_passk_reads_a_runs_end_from_its_own_log(tmp_path):
     end = passk.trained(str(tmp_path))
     assert (end["gold"], end["gold_unseen"], end["kl"]) == (0.9, 0.8, 0.3)
     assert abs(end["entropy"] - 0.5) < 1e-12          # iterations 11-30: all 0.5
+
+
+def test_entropy_fit_recovers_the_law_it_is_given(tmp_path):
+    """bench/entropy_fit.py on a run whose evals lie exactly on R = -a exp(H) + b (a = 0.5,
+    b = 1.2): a, b back, r2 1, and R(H = 0) = b - a = 0.7; the entropy paired with each eval
+    is the training line's of the same step, not an eval's."""
+    import json
+    import math
+    from conftest import bench_module
+    fit = bench_module("entropy_fit")
+    rows = []
+    for step, h in [(10, 0.4), (20, 0.3), (30, 0.2), (40, 0.1)]:
+        rows.append({"step": step, "entropy": h})
+        rows.append({"step": step, "split": "eval", "entropy": 9.0, "gold": -0.5 * math.exp(h) + 1.2})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = fit.main([str(tmp_path / "run"), "--json", str(tmp_path / "f.json")])
+    assert abs(out["all"]["a"] - 0.5) < 1e-9 and abs(out["all"]["b"] - 1.2) < 1e-9
+    assert abs(out["all"]["r2"] - 1) < 1e-9
+    assert abs(out["all"]["predicted_at_zero_entropy"] - 0.7) < 1e-9
+    assert json.loads((tmp_path / "f.json").read_text())["command"].startswith("python bench/entropy_fit.py")
+    with pytest.raises(SystemExit) as exit_:
+        fit.main([str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+
+
+def test_passk_draws_its_picture_from_the_committed_results(tmp_path):
+    """`bench/passk.py --draw` writes passk.png beside the JSON it is given."""
+    pytest.importorskip("matplotlib")
+    shutil.copy(os.path.join(ROOT, "bench", "results", "passk.json"), tmp_path / "passk.json")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "passk.py"), "--draw",
+                           "--results", str(tmp_path / "passk.json")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "passk.png").stat().st_size > 10_000
