@@ -19,7 +19,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import results_file  # noqa: E402
 from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
 
 
@@ -60,8 +62,6 @@ def main(argv=None) -> dict:
                     "\"python bench/passk.py, seeds 0-2\")")
     args = ap.parse_args(argv)
     every, result = [], {"score": args.score, "runs": {}}
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import results_file
     result["command"] = " ".join(["python bench/entropy_fit.py", *(argv if argv is not None else sys.argv[1:])])
     result["measured"] = results_file.measured(ROOT) + (f"; the runs: {args.source}" if args.source else "")
     for run in args.runs:
