@@ -171,11 +171,6 @@ def main():
                 key = f"{name}/{seed}"
                 folder = os.path.join(args.work, f"seed{seed}", name) if name != "sft" else sft
                 if key in result["runs"]:
-                    run = result["runs"][key]   # an older entry gains its run's end if it is here
-                    if name != "sft" and "trained" not in run and os.path.exists(
-                            os.path.join(folder, "metrics.jsonl")):
-                        run["trained"] = trained(folder)
-                        results_file.save(args.results, with_curves(result))
                     continue
                 if name != "sft":
                     results_file.train_stage(train_ppo.main, train_ppo.Config, folder, sft_dir=sft,
