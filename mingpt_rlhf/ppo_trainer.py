@@ -96,19 +96,21 @@ def resolve_auto_options(cfg):
     (losses._sequence_ratio says why)."""
     algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
     gspo = getattr(cfg, "ratio", "token") == "sequence" or getattr(cfg, "offpolicy", "") == "gspo"
+    # episodes with an environment: --env set (check_config then sets --reward env too; a
+    # library caller's Config may not)
+    episodes = bool(getattr(cfg, "env", "")) or getattr(cfg, "reward", "rm") == "env"
     auto = {}
     if getattr(cfg, "offpolicy", "") == "gspo" and hasattr(cfg, "ratio"):  # GSPO's ratio
         auto["ratio"] = "sequence"
     if cfg.actor_lr == -1:
-        auto["actor_lr"] = 1e-4 if getattr(cfg, "reward", "rm") in ("task", "env") else 5e-5
+        auto["actor_lr"] = 1e-4 if episodes or getattr(cfg, "reward", "rm") == "task" else 5e-5
     if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
-        auto["ptx_coef"] = 0.02 if algo == "ppo" and not getattr(cfg, "env", "") else 0.0
+        auto["ptx_coef"] = 0.02 if algo == "ppo" and not episodes else 0.0
     if cfg.kl_in == "auto":
-        episodes = algo in ("ppo", "grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
-        auto["kl_in"] = "loss" if (algo == "grpo" and norm == "grpo") or episodes else "reward"
+        in_loss = (algo == "grpo" and norm == "grpo") or (episodes and algo in ("ppo", "grpo", "rloo"))
+        auto["kl_in"] = "loss" if in_loss else "reward"
     if getattr(cfg, "kl_coef", None) == -1:  # (a caller's cfg may not have it)
-        group_game = algo in ("grpo", "rloo") and getattr(cfg, "reward", "rm") == "env"
-        auto["kl_coef"] = 0.2 if group_game else 0.05
+        auto["kl_coef"] = 0.2 if episodes and algo in ("grpo", "rloo") else 0.05
     if getattr(cfg, "kl_estimator", None) == "auto":  # (a caller's cfg may not have it)
         auto["kl_estimator"] = default_kl_estimator(auto.get("kl_in", cfg.kl_in))
     if cfg.reduction == "auto":

@@ -133,3 +133,16 @@ def test_a_resumed_run_compares_only_the_options_it_reads():
         train_ppo.require_same_options(cfg, {"reward": "task"}, "ckpt.pt")
     with pytest.raises(UserError, match="started with --critic shared"):
         train_ppo.require_same_options(checked(), {"critic": "shared"}, "ckpt.pt")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "rloo"])
+def test_a_library_caller_with_env_gets_the_episodes_defaults(algo):
+    """PPOTrainer resolves a caller's Config(env=...) as the script does (which also sets
+    --reward env): the KL in the loss, 0.2 for groups, 1e-4 and no ptx."""
+    from mingpt_rlhf.ppo_trainer import resolve_auto_options
+    direct = resolve_auto_options(train_ppo.Config(algo=algo, env="guess"))
+    script = checked(algo=algo, env="guess")
+    for name in ("actor_lr", "ptx_coef", "kl_in", "kl_coef", "kl_estimator"):
+        assert getattr(direct, name) == getattr(script, name), name
+    assert (direct.kl_in, direct.actor_lr, direct.ptx_coef) == ("loss", 1e-4, 0.0)
+    assert direct.kl_coef == (0.05 if algo == "ppo" else 0.2)
