@@ -146,3 +146,13 @@ def test_a_library_caller_with_env_gets_the_episodes_defaults(algo):
         assert getattr(direct, name) == getattr(script, name), name
     assert (direct.kl_in, direct.actor_lr, direct.ptx_coef) == ("loss", 1e-4, 0.0)
     assert direct.kl_coef == (0.05 if algo == "ppo" else 0.2)
+
+
+def test_gspos_ratio_resolved_from_offpolicy_reaches_every_check():
+    """--offpolicy gspo resolves --ratio to sequence; the checks that read --ratio and the
+    checkpoint's config see it (they saw "token" and accepted a token-ratio loss beside it)."""
+    cfg = checked(algo="grpo", offpolicy="gspo", sampler_lag=1)
+    assert cfg.ratio == "sequence" and cfg.reduction == "sequence"
+    for option in ({"cov_loss": "kl_cov"}, {"learn_tokens": "top_entropy"}):
+        with pytest.raises(UserError, match="would be ignored: it is read only with .*--ratio token"):
+            checked(algo="grpo", offpolicy="gspo", sampler_lag=1, **option)

@@ -240,8 +240,8 @@ def check_config(cfg) -> None:
         resolved = resolve_auto_options(cfg)
     except ValueError as e:
         raise UserError(str(e)) from None
-    for name in ("actor_lr", "ptx_coef", "kl_in", "kl_coef", "kl_estimator", "reduction"):
-        setattr(cfg, name, getattr(resolved, name))
+    for field in dataclasses.fields(cfg):  # every value it resolved, none left behind
+        setattr(cfg, field.name, getattr(resolved, field.name))
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
     if cfg.critic == "auto":
