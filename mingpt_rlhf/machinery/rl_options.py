@@ -22,6 +22,8 @@ from ..ppo_trainer import resolve_auto_options
 LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
 DPO_KL = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's KL to the reference is "
           "--dpo_beta, inside its loss)")
+CLIPPED = ("with --algo ppo, grpo, rloo or reinforce++ and not with --cov_loss kl_cov (online_dpo's "
+           "loss is DPO's; KL-Cov clips no token, it charges |log ratio| instead)")
 NO_RATIO = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss has no ratio to the "
             "sampler: a lagging sampler changes its pairs, not its loss)")
 
@@ -49,8 +51,8 @@ READ_ONLY_WITH = {
                          "with --algo grpo or rloo (online_dpo already learns nothing from a "
                          "tied group)"),
     # the PPO family's loss, which online DPO replaces by DPO's
-    "clip_range": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
-    "clip_range_high": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
+    "clip_range": (lambda c: c.algo != "online_dpo" and c.cov_loss != "kl_cov", CLIPPED),
+    "clip_range_high": (lambda c: c.algo != "online_dpo" and c.cov_loss != "kl_cov", CLIPPED),
     "reduction": (lambda c: c.algo != "online_dpo", LOSS_ALGOS),
     "offpolicy": (lambda c: c.algo != "online_dpo", NO_RATIO),
     # --tis_cap bounds the weights of the corrections that weigh tokens; none, clip and gspo
