@@ -156,9 +156,11 @@ def covariance_share() -> dict:
     from mingpt_rlhf.lab.entropy import clip_cov_tokens, kl_cov_tokens
     logprobs, advantages, mask = covariance_batch()
     rows = torch.arange(len(mask)).view(distributed.world_size(), -1)[distributed.rank()]
+    tied = torch.full_like(logprobs, -1.0)  # every covariance 0: the choice is the tie-break's
     return {"kl_cov": kl_cov_tokens(logprobs[rows], advantages[rows], mask[rows], 0.2),
             "clip_cov": clip_cov_tokens(logprobs[rows], advantages[rows], mask[rows], 0.2,
-                                        0.0, 5.0)}
+                                        0.0, 5.0),
+            "kl_cov_tied": kl_cov_tokens(tied[rows], advantages[rows], mask[rows], 0.3)}
 
 
 def gloo_threads() -> list[str]:

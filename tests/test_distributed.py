@@ -217,12 +217,17 @@ def test_top_entropy_takes_one_threshold_over_both_processes(launched):
 def test_clip_cov_and_kl_cov_choose_over_both_processes(launched):
     """--cov_loss under torchrun: each rank chooses its tokens by the whole minibatch's
     covariance (means over both ranks' tokens) and count, as one process does on every row;
-    each rank's own rows alone would choose others."""
+    each rank's own rows alone would choose others. Ties are broken alike too."""
     from ddp_worker import covariance_batch
     from mingpt_rlhf.lab.entropy import clip_cov_tokens, kl_cov_tokens
     lp, adv, mask = covariance_batch()
     whole = {"kl_cov": kl_cov_tokens(lp, adv, mask, 0.2),
-             "clip_cov": clip_cov_tokens(lp, adv, mask, 0.2, 0.0, 5.0)}
+             "clip_cov": clip_cov_tokens(lp, adv, mask, 0.2, 0.0, 5.0),
+             "kl_cov_tied": kl_cov_tokens(torch.full_like(lp, -1.0), adv, mask, 0.3)}
+    # every covariance tied: exactly floor(0.3 x 18) = 5 tokens, the first 5 in row order (rank
+    # 0's 3 + 4 real tokens hold them), on whichever process they sit
+    assert torch.equal(whole["kl_cov_tied"], torch.tensor([[1.0, 1, 1, 0, 0, 0],
+                                                           [1, 1, 0, 0, 0, 0], [0] * 6, [0] * 6]))
     ranks = [torch.load(launched / "grad" / f"rank{r}.pt") for r in range(2)]
     for name, chosen in whole.items():
         assert chosen.sum() >= 1

@@ -78,3 +78,38 @@ def test_clip_cov_takes_the_chosen_tokens_out_of_the_surrogate():
     chosen = torch.tensor([[1.0, 0, 0], [1, 0, 0]])
     assert (x.grad[chosen.bool()] == 0).all()
     torch.testing.assert_close(x.grad[~chosen.bool()], y.grad[~chosen.bool()])
+
+
+def test_ties_at_the_threshold_choose_exactly_k_the_earlier_first():
+    """Eight tokens of equal covariance (every log-prob alike): a share of 0.25 is 2 tokens, and
+    the two are the first real tokens in row order, not every tied one."""
+    lp = torch.full((2, 5), -1.0)
+    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0, 0.0], [5.0, 6.0, 7.0, 8.0, 0.0]])
+    mask = torch.tensor([[1.0, 1, 1, 1, 0], [1, 1, 1, 1, 0]])
+    chosen = kl_cov_tokens(lp, adv, mask, 0.25)
+    assert torch.equal(chosen, torch.tensor([[1.0, 1, 0, 0, 0], [0, 0, 0, 0, 0]]))
+    # Clip-Cov's draw ties too where two tokens share their log-prob and advantage
+    lp2, adv2 = torch.full((2, 4), -1.0), torch.full((2, 4), 2.0)
+    adv2[1] = -2.0  # every log-prob at its mean: covariance 0, in the band; each row's draws tie
+    drawn = clip_cov_tokens(lp2, adv2, torch.ones(2, 4), 0.25, -1.0, 1.0)
+    assert drawn.sum() == 2, drawn
+
+
+def test_clip_cov_leaves_tokens_the_clip_already_clipped_out_of_its_draw():
+    """A token whose ratio has passed the clip on its advantage's side has no surrogate gradient
+    to take out: Clip-Cov draws among the others. The band [0.3, 1] holds row 0's first token
+    and row 1's first, and a share of 0.2 takes one; row 1's wins the draw, but it is clipped
+    (A 1 > 0, ratio e^0.5 > 1.2), so row 0's is taken out instead."""
+    spec = LossSpec(reduction="token", cov_ratio=0.2, clip_cov_low=0.3, clip_cov_high=1.0)
+    old = LP - torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    assert torch.equal(clip_cov_tokens(LP, ADV, MASK, 0.2, 0.3, 1.0),  # the draw, no clip known
+                       torch.tensor([[0.0, 0, 0], [1, 0, 0]]))
+    x = LP.clone().requires_grad_(True)
+    clip_cov_loss(x, old, None, ADV, MASK, spec, 3, None)[0].backward()
+    y = LP.clone().requires_grad_(True)
+    policy_loss(y, old, ADV, MASK, 0.2, "token")[0].backward()
+    assert y.grad[0, 0] != 0 and y.grad[1, 0] == 0  # PPO's: the clipped token has none
+    assert x.grad[0, 0] == 0  # Clip-Cov took row 0's first token out
+    keep = torch.ones_like(MASK, dtype=torch.bool)
+    keep[0, 0] = False
+    torch.testing.assert_close(x.grad[keep], y.grad[keep])

@@ -199,8 +199,10 @@ def reference_update(row, table, behind, world):
     logp = learner[batches]
     if spec.policy_loss in ("clip_cov", "kl_cov"):
         # each batch's tokens chosen by the covariance of the learner's log-prob and the
-        # advantage: KL-Cov's the top share, written out here; Clip-Cov's draw from its band is
-        # the package's (its hash: tests/test_entropy_losses.py checks the choice by hand)
+        # advantage: KL-Cov's exactly k of the highest, ties to the earlier token in row order,
+        # written out here with Python's stable sort; Clip-Cov's draw from its band, among the
+        # tokens the clip has not clipped, is the package's (its hash:
+        # tests/test_entropy_losses.py checks the choice by hand)
         from mingpt_rlhf.lab.entropy import clip_cov_tokens
         chosen = torch.zeros_like(adv)
         for g in range(len(batches)):
@@ -209,10 +211,15 @@ def reference_update(row, table, behind, world):
             cov = (lp - lp[real].mean()) * (a - a[real].mean())
             k = max(1, int(spec.cov_ratio * real.sum()))
             if spec.policy_loss == "kl_cov":
-                chosen[g] = (cov >= cov[real].sort(descending=True).values[k - 1]) & real
+                places = [tuple(ix) for ix in real.nonzero().tolist()]  # row order
+                for ix in sorted(places, key=lambda ix: -cov[ix].item())[:k]:
+                    chosen[g][ix] = 1.0
             else:
+                ratio = torch.exp(lp - old[g])
+                clipped = (((a > 0) & (ratio > 1 + spec.clip_high))
+                           | ((a < 0) & (ratio < 1 - spec.clip_range)))
                 chosen[g] = clip_cov_tokens(lp, a, mask[g], spec.cov_ratio, spec.clip_cov_low,
-                                            spec.clip_cov_high)
+                                            spec.clip_cov_high, clipped)
     if spec.policy_loss == "kl_cov":  # no clip; coef x |log ratio| on the chosen tokens
         log_ratio = logp.detach() - old
         coef = share * (adv * log_ratio.exp() - spec.kl_cov_coef * torch.sign(log_ratio) * chosen)

@@ -5,9 +5,10 @@ tokens it samples, between a token's log-probability and its advantage: a confid
 (high log pi) with a positive advantage gets likelier still, and the entropy drops. A few
 tokens of highest covariance carry most of that drop, so they act on those alone:
 
-- **Clip-Cov**: among the tokens whose covariance lies in [low, high], a share `cov_ratio` of
-  the minibatch's tokens is chosen at random and learns nothing from the surrogate (its
-  advantage set to 0 for this loss); the clip stays as PPO's.
+- **Clip-Cov**: among the tokens whose covariance lies in [low, high] and that PPO's clip has
+  not clipped already, a share `cov_ratio` of the minibatch's tokens is chosen at random and
+  learns nothing from the surrogate (its advantage set to 0 for this loss); the clip stays as
+  PPO's.
 - **KL-Cov**: the share `cov_ratio` of tokens of highest covariance is penalised by
   `kl_cov_coef` x |log pi - log pi_old|; every token's ratio term is left unclipped (the
   penalty takes the clip's place). At ratio 1 the penalty and its gradient are 0: it acts
@@ -17,9 +18,13 @@ Each token's covariance is (log pi(y_t) - mean) x (A_t - mean), with log pi the 
 learning (no gradient) and the means over the minibatch's real tokens; under torchrun over
 every process's tokens (gathered), so the choice does not depend on how the minibatch is
 split. `--learn_batch_size` is refused with them: a slice does not see the rest of its
-minibatch's current log-probs. The count chosen is max(1, floor(cov_ratio x tokens)).
+minibatch's current log-probs. The count chosen is exactly max(1, floor(cov_ratio x tokens))
+(fewer only when fewer tokens qualify), ties broken by the token's place in the minibatch.
 Cui et al.'s ratios (2e-4 and 2e-3) are for batches of millions of tokens; at this
 project's minibatches of hundreds they would choose none, so the default share is 0.02.
+KL-Cov's coefficient defaults to 0.1 where the authors' recipe passes 1: with ten times their
+share of tokens (0.02 against 0.002), 0.1 keeps the penalty's weight per token of the
+minibatch, coefficient x share, at theirs (0.002).
 
 Clip-Cov's random choice is drawn from the data (a hash of each token's log-prob and
 advantage), not from a generator, so that every process and the gradient oracle, which
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from ..machinery.distributed import all_sum, gather, is_distributed
+from ..machinery.distributed import all_sum, gather, is_distributed, rank
 from ..ppo import policy_loss, reduce_tokens
 
 
@@ -46,26 +51,39 @@ def token_covariance(logprobs, advantages, action_mask):
 
 
 def _largest(score, mask, k):
-    """(B, N) 1 on the k masked entries of highest score (every process's entries ranked
-    together; ties at the threshold kept; all of them when fewer than k), written with a sort
-    so that it maps under vmap."""
+    """(B, N) 1 on exactly k masked entries of highest score (all of them when fewer than k),
+    ties broken by the entry's place among the masked entries in row order: earlier first.
+    Every process's entries are ranked together (gathered in rank order, which keeps the
+    minibatch's row order), so the choice is the same however torchrun splits the rows. Written
+    with sorts (no index that depends on k) so that it maps under vmap."""
     flat = torch.where(mask, score, float("-inf")).flatten()
+    offset = 0
     if is_distributed():
-        flat = torch.cat([x.to(flat.device) for x in gather(flat.cpu())])
-    values = flat.sort(descending=True).values
-    threshold = values[(k - 1).clamp(min=0)]
-    return ((score >= threshold) & mask).to(score.dtype)
+        parts = gather(flat.cpu())
+        offset = sum(len(x) for x in parts[:rank()])
+        flat_all = torch.cat([x.to(flat.device) for x in parts])
+    else:
+        flat_all = flat
+    order = flat_all.sort(descending=True, stable=True).indices  # ties: the earlier first
+    place = order.argsort()  # each entry's place in that order (0 = highest)
+    chosen = place[offset:offset + flat.numel()].view_as(score) < k
+    return (chosen & mask).to(score.dtype)
 
 
 def chosen_count(count, share: float):
     return torch.clamp(torch.floor(count * share), min=1).long()
 
 
-def clip_cov_tokens(logprobs, advantages, action_mask, share: float, low: float, high: float):
+def clip_cov_tokens(logprobs, advantages, action_mask, share: float, low: float, high: float,
+                    clipped=None):
     """(B, N) 1 on the tokens Clip-Cov takes out: `share` of the tokens, drawn among those of
-    covariance in [low, high] (fewer when fewer lie there)."""
+    covariance in [low, high] (fewer when fewer lie there) that PPO's clip has not already
+    clipped (`clipped` (B, N) bool: their surrogate has no gradient left to take out, and the
+    authors' code leaves them out of the draw too)."""
     cov, count = token_covariance(logprobs, advantages, action_mask)
     band = action_mask.bool() & (cov >= low) & (cov <= high)
+    if clipped is not None:
+        band = band & ~clipped
     # a token's draw depends on its own log-prob and advantage only, not on where it sits in
     # the minibatch nor on the means (whose last bits depend on how the sums were split), so
     # every split of the minibatch (processes) draws alike
@@ -84,8 +102,12 @@ def kl_cov_tokens(logprobs, advantages, action_mask, share: float):
 def clip_cov_loss(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget,
                   tokens):
     """PPO's clipped surrogate with Clip-Cov's chosen tokens learning nothing from it."""
+    with torch.no_grad():  # the tokens whose clipped branch is taken (ppo.policy_loss's max)
+        ratio = torch.exp(logprobs - old_logprobs)
+        clipped = (-advantages * ratio.clamp(1 - spec.clip_range, 1 + spec.clip_high)
+                   > -advantages * ratio)
     out = clip_cov_tokens(logprobs, advantages, action_mask, spec.cov_ratio, spec.clip_cov_low,
-                          spec.clip_cov_high)
+                          spec.clip_cov_high, clipped)
     return policy_loss(logprobs, old_logprobs, advantages * (1 - out), action_mask,
                        spec.clip_range, spec.reduction, budget, tokens, clip_high=spec.clip_high)
 
