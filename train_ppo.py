@@ -245,7 +245,8 @@ class Config:
     learn_tokens: str = opt("all", "which response tokens learn (the others' advantages are 0): all "
                                    "| top_entropy (only the --top_entropy_quantile of each "
                                    "rollout's tokens with the highest entropy, Wang et al. 2025) "
-                                   "| negative (only the tokens of negative advantage: what to "
+                                   "| negative (only the responses whose score is below their "
+                                   "baseline, KL aside, learn: what to "
                                    "avoid, Zhu et al. 2025) | any entry of losses.LEARN_TOKENS "
                                    "(docs/fork_it.md)",
                             group=REFINEMENTS)

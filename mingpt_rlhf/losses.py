@@ -208,7 +208,8 @@ POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo
 
 
 # ----------------------------------------------------------------------------- which tokens learn
-def top_entropy_tokens(entropy, action_mask, spec, for_update, advantages=None):
+def top_entropy_tokens(entropy, action_mask, spec, for_update, advantages=None, placed=None,
+                       values=None):
     """(B, N) 1 on the tokens whose entropy is in the top `spec.top_entropy_quantile` of the
     batch's response tokens (ties at the threshold kept), 0 elsewhere: "Beyond the 80/20
     rule" (Wang et al. 2025) trains only on these forks of the reasoning. `entropy` is the
@@ -228,15 +229,21 @@ def top_entropy_tokens(entropy, action_mask, spec, for_update, advantages=None):
     return ((entropy.float() >= threshold) & mask).to(action_mask.dtype)
 
 
-def negative_tokens(entropy, action_mask, spec, for_update, advantages):
-    """(B, N) 1 on the tokens of negative advantage: the policy learns only what to avoid
-    ("negative sample reinforcement", Zhu et al. 2025, who report that it keeps pass@k at
-    large k where learning from the right answers narrows it)."""
-    return ((advantages < 0) & action_mask.bool()).to(action_mask.dtype)
+def negative_tokens(entropy, action_mask, spec, for_update, advantages, placed, values):
+    """(B, N) 1 on the tokens whose *score* says "avoid": the policy learns only from its
+    wrong answers ("negative sample reinforcement", Zhu et al. 2025, who report that it keeps
+    pass@k at large k where learning from the right answers narrows it). The sign is that of
+    the advantage of the score alone (`placed`, the run's advantage entry without the KL
+    penalty): with the KL in the reward, a right answer whose KL is above its group's would
+    have a negative advantage and learn downwards. The tokens chosen keep their whole
+    advantage, KL included."""
+    score_only = ADVANTAGES[spec.advantages](placed, values, action_mask, spec, for_update)[1]
+    return ((score_only < 0) & action_mask.bool()).to(action_mask.dtype)
 
 
-# which tokens learn: f(entropy, action_mask, spec, for_update, advantages) -> (B, N) or 1.0
-LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages: 1.0,
+# which tokens learn: f(entropy, action_mask, spec, for_update, advantages, placed, values)
+# -> (B, N) or 1.0; `placed` (B, N) the scores where they land, before any KL penalty
+LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages, placed, values: 1.0,
                 "top_entropy": top_entropy_tokens, "negative": negative_tokens}
 
 
@@ -308,7 +315,8 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
                                            kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
                                                                spec, for_update)
-    learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update, advantages)
+    learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update, advantages,
+                                            placed, values)
     return rewards, advantages * weights * learn, returns
 
 

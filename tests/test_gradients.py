@@ -11,7 +11,7 @@ from mingpt_rlhf.lab.gradients import (FOLLOWS, ROWS, arbitrary_values, evaluati
                                        exact_ascent, expected_update, local_kl_gradient,
                                        semi_gradient)
 from mingpt_rlhf.logprobs import sequence_logprobs
-from mingpt_rlhf.losses import TABLES
+from mingpt_rlhf.losses import GROUP_BASELINES, TABLES
 from mingpt_rlhf.lab.offpolicy import OFFPOLICY
 from mingpt_rlhf.lab.tabular import (MAX_LEN, PAD, PREFIXES, RESPONSES, TabularPolicy,
                                      ipo_optimal_policy, kl, make_world, objective,
@@ -189,8 +189,10 @@ def reference_update(row, table, behind, world):
         for g in range(len(batches)):  # each batch's own threshold, torch.quantile's
             threshold = torch.quantile(at[g][mask[g].bool()], 1 - spec.top_entropy_quantile)
             adv[g] = adv[g] * ((at[g] >= threshold) & mask[g].bool())
-    if spec.learn_tokens == "negative":  # what to avoid, only
-        adv = adv * (adv < 0)
+    if spec.learn_tokens == "negative":  # what to avoid: the responses whose score (without
+        score = world.reward[batches]    # the KL) is below their group's, with their advantage
+        assert spec.advantages in GROUP_BASELINES
+        adv = adv * (score < score.mean(-1, keepdim=True))[..., None]
     lengths = mask.sum(-1, keepdim=True)                               # (G, n, 1)
     share = {"token": mask / mask.sum((-1, -2), keepdim=True),
              "sequence": mask / (n * lengths),

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import train_ppo
-from mingpt_rlhf.losses import (DERIVED_FIELDS, LEARN_TOKENS, LossSpec, spec_of,
-                                top_entropy_tokens)
+from mingpt_rlhf.losses import (DERIVED_FIELDS, LEARN_TOKENS, LossSpec, experience_advantages,
+                                spec_of, top_entropy_tokens)
 from test_critic_free import grouped_prompts
 from test_ppo_trainer import Cfg, make_trainer
 
@@ -97,8 +97,25 @@ def test_every_entry_of_learn_tokens_is_an_option_value():
         assert spec_of(cfg).learn_tokens == name
 
 
-def test_negative_keeps_only_the_tokens_of_negative_advantage():
-    adv = torch.tensor([[1.0, -2.0, 0.0], [-0.5, 3.0, -1.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    kept = LEARN_TOKENS["negative"](None, mask, LossSpec(), True, adv)
-    assert torch.equal(kept, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+def test_negative_keeps_the_tokens_of_responses_whose_score_is_below_their_group():
+    """A group of 4 (Dr. GRPO's baseline, the group mean): scores 1, 1, 0, 0. With the KL in
+    the reward, the first right answer paid a KL of 0.9 nats (beta 1), more than the others':
+    its KL-shaped advantage is negative. It is still a right answer and must not learn down;
+    the wrong answers learn, with their whole (KL-shaped) advantage."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    placed = torch.zeros_like(mask)
+    placed[torch.arange(4), mask.sum(-1).long() - 1] = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    spec = LossSpec(advantages="dr_grpo", group_size=4)
+    logprobs = torch.zeros_like(mask)
+    logprobs[0, 0] = 0.9  # KL 0.9 against a reference of log-prob 0
+    rewards, advantages, _ = experience_advantages(
+        placed, logprobs * mask, torch.zeros_like(mask), torch.zeros_like(mask), mask,
+        dataclasses.replace(spec, kl_estimator="k1"), kl_coef=1.0, entropy=torch.ones_like(mask))
+    assert advantages[0, 0] < 0  # the KL-shaped advantage of a right answer: negative
+    kept = LEARN_TOKENS["negative"](None, mask, spec, True, advantages, placed, torch.zeros_like(mask))
+    assert torch.equal(kept, torch.tensor([[0.0, 0, 0], [0, 0, 0], [1, 0, 0], [1, 1, 0]]))
+    _, learned, _ = experience_advantages(
+        placed, logprobs * mask, torch.zeros_like(mask), torch.zeros_like(mask), mask,
+        dataclasses.replace(spec, kl_estimator="k1", learn_tokens="negative"), kl_coef=1.0,
+        entropy=torch.ones_like(mask))
+    torch.testing.assert_close(learned, advantages * kept)

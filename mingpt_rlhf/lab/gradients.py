@@ -284,7 +284,7 @@ ROWS = [
     Row("entropy bonus 0.1 (rloo)", _spec(**_RLOO, entropy_coef=0.1)),
     Row("the top half of the batch's tokens by entropy learn (rloo)",
         _spec(**_RLOO, learn_tokens="top_entropy", top_entropy_quantile=0.5)),
-    Row("only the tokens of negative advantage learn (rloo)",
+    Row("only the wrong answers learn: score below the group's (rloo)",
         _spec(**_RLOO, learn_tokens="negative")),
     # the corrections, with a sampler one update behind the learner
     Row("ppo clip 0.2, a later minibatch (rloo)", _spec(**_RLOO), sampler="behind"),
