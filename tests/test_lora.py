@@ -8,7 +8,7 @@ from conftest import left_pad
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.heads import RewardModel
 from mingpt_rlhf.machinery.lora import (LoRALinear, adapters_disabled, add_lora, merged_state_dict,
-                                        trainable_state_dict)
+                                        parse_targets, trainable_state_dict)
 from mingpt_rlhf.model import GPT, GPTConfig
 
 CFG = GPTConfig(vocab_size=19, block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -116,3 +116,14 @@ def test_merged_weights_are_built_on_the_cpu_and_only_by_rank_0(monkeypatch):
     monkeypatch.setattr(distributed, "rank", lambda: 1)
     monkeypatch.setattr(lora, "merged_state_dict", lambda m: pytest.fail("merged on rank 1"))
     assert checkpoint.weights_for_later_stages(adapted) == {}
+
+
+def test_the_output_layer_is_refused_as_a_target(tmp_path, capsys):
+    """GPT.logits reads lm_head's weight directly: an adapter there would never act (and alone,
+    GRPO would fail with no gradient at all). Refused with one line, exit 2."""
+    import conftest
+    with pytest.raises(UserError, match="lora_targets lm_head"):
+        parse_targets("c_attn,lm_head")
+    line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), "--lora_rank",
+                                                  "4", "--lora_targets", "lm_head"])
+    assert "--lora_targets lm_head" in line and "never act" in line, line

@@ -93,10 +93,15 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS)
 
 
 def parse_targets(text: str) -> tuple[str, ...]:
-    """'c_attn,c_fc' -> ('c_attn', 'c_fc')."""
+    """'c_attn,c_fc' -> ('c_attn', 'c_fc'). The output layer is refused: `GPT.logits` reads
+    its weight (tied to the token embedding) directly, so an adapter there would never act."""
     targets = tuple(t.strip() for t in text.split(",") if t.strip())
     if not targets:
         raise UserError("--lora_targets is empty; name layers such as c_attn,c_proj,c_fc")
+    if "lm_head" in targets:
+        raise UserError("--lora_targets lm_head: the output layer is read as a weight (tied to the "
+                        "token embedding), so an adapter there would never act; adapt the "
+                        "blocks' layers (c_attn,c_proj,c_fc)")
     return targets
 
 
