@@ -276,6 +276,8 @@ def explained_variance(values, returns, action_mask) -> float:
 
 # ----------------------------------------------------------------------------- KL coefficient
 class FixedKLController:
+    at_upper_bound = False  # (AdaptiveKLController's: a fixed beta has no bound to reach)
+
     def __init__(self, kl_coef: float):
         if kl_coef < 0:  # -1 is train_ppo.Config's "auto", which ppo_trainer.resolve_auto_options resolves
             raise ValueError(f"a fixed KL coefficient must be >= 0, got {kl_coef} (resolve the config's "
@@ -310,21 +312,38 @@ class AdaptiveKLController:
     above target (up to x e^(UP / horizon) per update, ~10 % at horizon 10) and falls slowly
     when it is below (at most x e^(DOWN / horizon), ~2 %). tests/test_kl_control.py measures
     both on simulated runs.
+
+    Beta is bounded to [kl_coef / RANGE, kl_coef x RANGE]. Unbounded, the integral winds up:
+    a run that collapses (KL 45 nats per response against a target of 3, for 180 iterations)
+    raises beta x1.105 an iteration, to 10^7, and when the policy comes back that beta pins it
+    to the reference for the rest of the run (falling 2 % an iteration, it would need ~860
+    iterations to return). RANGE = 10 lies past every healthy run we measured (beta ended at
+    0.38x to 7.2x its start over --kl_target 1 to 6, bench/results/kl_control.json), and from
+    the upper bound beta is back within 2x of its start in 81 iterations at horizon 10.
+    `at_upper_bound` says when beta is held at its upper bound (the run then warns once; the
+    lower bound only keeps a beta that fell for long from needing as long to rise again).
     """
 
     UP, DOWN = 1.0, -0.2
+    RANGE = 10.0
 
     def __init__(self, kl_coef: float, target: float, horizon: float):
         if kl_coef <= 0 or target <= 0 or horizon <= 0:
             raise ValueError("adaptive KL needs kl_coef > 0, target > 0 and horizon > 0")
         self.value, self.target, self.horizon = kl_coef, target, horizon
+        self.low, self.high = kl_coef / self.RANGE, kl_coef * self.RANGE
+        self.at_upper_bound = False
 
     def update(self, kl: float) -> None:
         error = math.log(max(kl, 1e-8) / self.target)
-        self.value *= math.exp(min(max(error, self.DOWN), self.UP) / self.horizon)
+        moved = self.value * math.exp(min(max(error, self.DOWN), self.UP) / self.horizon)
+        self.value = min(max(moved, self.low), self.high)
+        self.at_upper_bound = self.value == self.high
 
     def state_dict(self) -> dict:
         return {"value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
+        # (a checkpoint from before the bound may hold a wound-up beta)
+        self.value = min(max(state["value"], self.low), self.high)
+        self.at_upper_bound = self.value == self.high

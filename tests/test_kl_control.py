@@ -122,3 +122,38 @@ def test_refuses_the_unresolved_auto_coefficient():
         FixedKLController(-1.0)
     with pytest.raises(ValueError):
         AdaptiveKLController(-1.0, TARGET, 10.0)
+
+
+def test_a_run_held_far_above_target_then_released_can_learn_again():
+    """A collapsed run: KL 45 nats per response (target 3) for 180 iterations whatever beta
+    does, then the policy comes back and obeys the plant KL = C / beta again (C such that the
+    starting beta 0.2 meets the target). Beta never passes 10x its start, and is back within 2x
+    of it within 81 iterations of the release (ln 5 / 0.02); unbounded it would have wound up
+    to 0.2 e^18 = 1.3e7 and needed ~860."""
+    start, target = 0.2, 3.0
+    ctl = AdaptiveKLController(start, target, 10.0)
+    for _ in range(180):
+        ctl.update(45.0)
+        assert ctl.value <= 10 * start * (1 + 1e-12)
+    assert ctl.at_upper_bound and ctl.value == pytest.approx(10 * start)
+    c = start * target
+    for released in range(1, 200):
+        ctl.update(c / ctl.value)
+        if ctl.value <= 2 * start:
+            break
+    assert released <= 81 and not ctl.at_upper_bound, released
+    assert math.log(start * math.exp(18) / (2 * start)) / 0.02 > 800  # the unbounded return
+
+
+def test_beta_stays_above_a_tenth_of_its_start_and_the_bound_survives_a_resume():
+    """A policy that never moves (KL 0) lowers beta 2 % an iteration: bounded at kl_coef / 10,
+    so a later drift meets a penalty again at once. A checkpoint holding a wound-up beta (saved
+    before the bound) loads at the bound."""
+    ctl = AdaptiveKLController(0.05, 3.0, 10.0)
+    for _ in range(1000):
+        ctl.update(0.0)
+    assert ctl.value == pytest.approx(0.005) and not ctl.at_upper_bound
+    fresh = AdaptiveKLController(0.05, 3.0, 10.0)
+    fresh.load_state_dict({"value": 3.6e7})
+    assert fresh.value == pytest.approx(0.5) and fresh.at_upper_bound
+    assert not FixedKLController(0.05).at_upper_bound
