@@ -574,7 +574,7 @@ def main(cfg: Config) -> dict:
         stats.update(source.figures(experiences))  # the gold of a built-in task
         stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
         stats["max_logratio"] = largest_logratio(trainer, experiences[0], trainer.cfg.minibatch_size)
-        stats.update(watch.check(stats, step + 1, trainer.kl_ctl.value))  # warnings, hacking
+        stats.update(watch.check(stats, step + 1, trainer.kl_ctl))  # warnings, hacking
         run.log.log(step + 1, **stats)
         bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[run.score_name]:.2f}",
                            **({"gold": f"{stats['gold']:.2f}"} if "gold" in stats else {}),
@@ -699,7 +699,9 @@ def set_up(cfg: Config) -> Run:
     # Under torchrun each rank has its own streams (rank 0's are a single process's).
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + 1000 * rank)
     shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2 + 1000 * rank)
-    watch = RunWatch(cfg)  # the run's warnings and reward-hacking signals (machinery/watch.py)
+    # the run's warnings and reward-hacking signals (machinery/watch.py); best: the most an
+    # episode can return, if its environment says
+    watch = RunWatch(cfg, getattr(env_class, "best_return", None))
     step = 0
     if resumed:
         restore(resumed, ckpt_path, trainer, critic, value_head, watch, prompt_gen,

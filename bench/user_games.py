@@ -16,7 +16,7 @@ method, rate and seed `train_ppo.py --env FILE:CLASS --algo METHOD --max_new_tok
 
 Per run it records the held-out win rate at every eval (200 episodes, seeds 0..199; step 0 is
 the SFT policy), the final one, the largest `kl`, the iterations the run was `stuck` (no
-learning signal while below its best: machinery/watch.py), the seconds, and the date and
+reward signal while below its SFT level: machinery/watch.py), the seconds, and the date and
 commit it ran at. A run has collapsed when its final held-out win rate is below its SFT policy's. Perfect play wins every
 episode of both games (the optimum is 1.0); the target is a final win rate of at least 0.90
 in every run.

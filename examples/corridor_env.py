@@ -53,6 +53,8 @@ def start_of(seed: int) -> tuple[int, int]:
 class Corridor:
     """The game, in the environment interface of docs/multiturn.md."""
 
+    best_return = 1.0  # a win: the most an episode can return (the stuck-run warning reads it)
+
     def reset(self, seed: int) -> str:
         self.walker, self.door = start_of(seed)
         self.moves = 0

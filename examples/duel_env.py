@@ -49,6 +49,8 @@ TRAINING_SEEDS_FROM = 1_000_000   # as episodes.HELD_OUT_SEEDS: seeds below are 
 class Duel:
     """The game, in the environment interface of docs/multiturn.md."""
 
+    best_return = 1.0  # a win: the most an episode can return (the stuck-run warning reads it)
+
     def reset(self, seed: int) -> str:
         rng = random.Random(f"duel/{seed}")
         self.pile = rng.choice(PILES)

@@ -243,7 +243,8 @@ def negative_tokens(entropy, action_mask, spec, for_update, advantages, placed, 
 
 # which tokens learn: f(entropy, action_mask, spec, for_update, advantages, placed, values)
 # -> (B, N) or 1.0; `placed` (B, N) the scores where they land, before any KL penalty
-LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages, placed, values: 1.0,
+LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages, placed,
+                       values: 1.0,
                 "top_entropy": top_entropy_tokens, "negative": negative_tokens}
 
 

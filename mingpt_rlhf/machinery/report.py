@@ -60,7 +60,8 @@ def update_counts(rows: list[dict]) -> dict:
     `idle_updates` (the update took no optimizer step at all: stopped before its first step,
     dynamic sampling kept no group, or every loss was non-finite). An idle update is an
     iteration the run did not learn from. `stuck`: [first iteration, length] of each stretch of
-    STUCK_AFTER or more iterations without a learning signal (machinery/watch.py)."""
+    STUCK_AFTER or more iterations without a reward signal, below the SFT level
+    (machinery/watch.py)."""
     train = [r for r in rows if "minibatch_steps" in r and "split" not in r and not r.get("final")]
     stuck = []  # [first iteration, length] of each stretch of STUCK_AFTER or more
     for r in train:
@@ -80,7 +81,7 @@ def update_lines(counts: dict) -> list[str]:
     n = counts["iterations"]
     lines = [f"updates: {counts['early_stops']} of {n} stopped early by --target_kl"]
     if counts.get("stuck"):
-        lines.append(f"warning: the run was stuck (no learning signal, its reward below its best) "
+        lines.append(f"warning: the run was stuck (no reward signal, its reward below its SFT level) "
                      f"in {sum(k for _, k in counts['stuck'])} of {n} iterations, from iteration "
                      f"{', '.join(str(i) for i, _ in counts['stuck'])} (see stuck in metrics.jsonl)")
     if counts["idle_updates"]:

@@ -7,17 +7,20 @@ names the state and what to try, and the figures behind it are logged:
   learns from the missing-EOS penalty, not from the reward);
 - an iteration's update took no optimizer step (`minibatch_steps` 0; the cause is named);
 - the KL to the SFT policy stayed above twice --kl_target for a tenth of the run;
-- the run is stuck: for STUCK_AFTER iterations in a row the policy got no learning signal
+- the run is stuck: for STUCK_AFTER iterations in a row no reward signal reached the policy
   (every group's rewards tied, or it writes one answer: entropy under 0.01 nats) while its
-  reward stayed below its best (`stuck`, logged every iteration; a run at its best, one that
-  wins every episode, is done, not stuck);
+  reward stayed below its SFT policy's (the mean of its first SFT_ITERATIONS iterations, sampled
+  before the policy had moved far); or every group has tied since the first iteration, below the
+  most a response can earn (`stuck`, logged every iteration). A run that converged at or above
+  its SFT level is done, not stuck, however its batch reward wanders with the prompts drawn;
+- the adaptive KL coefficient reached its upper bound (ppo.AdaptiveKLController);
 - the reward-hacking warning (lab/hacking.py): its signals are logged every iteration;
 - `max_logratio` (`largest_logratio`), logged every iteration: how far the one token that
   moved most has moved from the reference, over the whole vocabulary, which the KL figures
   (means over the tokens the rollouts sampled) do not see.
 
-    watch = RunWatch(cfg)
-    stats.update(watch.check(stats, step, beta))  # each iteration, before the line is logged
+    watch = RunWatch(cfg, best)   # best: the most a response or episode can earn, if known
+    stats.update(watch.check(stats, step, kl_ctl))  # each iteration, before the line is logged
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from ..lab.hacking import HackingMonitor
 from .lora import adapters_disabled
 from ..logprobs import CHUNK_ELEMENTS, tempered_log_softmax
 
-STUCK_AFTER = 10  # iterations without a learning signal, below the run's best, before it says so
+STUCK_AFTER = 10  # iterations without a reward signal, below the SFT level, before it says so
+SFT_ITERATIONS = 3  # the first iterations, whose mean reward is the SFT policy's level
 
 
 def largest_logratio(trainer, exp, rows: int) -> float:
@@ -91,58 +95,95 @@ def kl_warning(stats: dict, cfg, kl_high: int, beta: float) -> str:
             f"accept it with a larger --kl_target")
 
 
-def stuck_warning(stats: dict, step: int, best: float) -> str:
-    """The line printed when a run has had no learning signal for STUCK_AFTER iterations."""
+def stuck_warning(stats: dict, step: int, sft_level: float | None, best: float | None) -> str:
+    """The line printed when a run has had no reward signal for STUCK_AFTER iterations: below
+    its SFT level (`sft_level`), or tied from the start (`sft_level` None) below `best`."""
     why = ("every group's rewards tied" if stats.get("zero_groups", 0.0) >= 1.0 else
            f"the policy writes one answer (entropy {stats['entropy']:.3f} nats)")
-    return (f"warning: the run is stuck: for {STUCK_AFTER} iterations up to {step} no learning "
-            f"signal reached the policy ({why}) while its reward ({stats['score']:.3f}) stayed "
-            f"below its best ({best:.3f}); such runs rarely recover. Start again with the KL "
-            f"penalty in the loss (--kl_in loss, if it is not there already) or a lower "
-            f"--actor_lr (docs/troubleshooting.md, \"A run that stopped learning\")")
+    if sft_level is not None:
+        where = (f"while its reward ({stats['score']:.3f}) stayed below its SFT policy's "
+                 f"({sft_level:.3f})")
+    else:
+        most = (f"below the most a response can earn ({best:g})" if best is not None else
+                "(if that is the most a response can earn, the run is done: ignore this)")
+        where = f"since its first iteration, at a reward of {stats['score']:.3f} {most}"
+    return (f"warning: the run is stuck: for {STUCK_AFTER} iterations up to {step} no reward "
+            f"signal reached the policy ({why}) {where}; such runs rarely recover. Start again "
+            f"with the KL penalty in the loss (--kl_in loss, if it is not there already) or a "
+            f"lower --actor_lr (docs/troubleshooting.md, \"a run that stopped learning\")")
+
+
+def bound_warning(stats: dict, step: int, kl_ctl) -> str:
+    """The line printed the first time the adaptive KL coefficient is held at its upper bound."""
+    return (f"warning: the adaptive KL coefficient reached its upper bound at iteration {step} "
+            f"(beta {kl_ctl.value:.3g}, {kl_ctl.RANGE:g}x --kl_coef) with the KL at "
+            f"{stats['kl']:.1f} nats against --kl_target {kl_ctl.target:g}; it goes no higher, so "
+            f"that a policy that comes back can learn again. If the KL does not come down, the "
+            f"run has likely collapsed (docs/troubleshooting.md): raise --kl_coef, or lower "
+            f"--actor_lr")
 
 
 class RunWatch:
     """The warnings of one run (module docstring). `kl_high` (iterations whose KL passed twice
     the target) is saved with the checkpoint; `first_step` is this process's first iteration,
-    resumed or not; `resume(history)` hands the hacking monitor the lines already logged."""
+    resumed or not; `resume(history)` hands the hacking monitor and the stuck count the lines
+    already logged. `best`: the most a response (or an episode) can earn, when the reward's
+    source says (an environment's `best_return`), else None."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, best: float | None = None):
+        self.cfg, self.best = cfg, best
         self.kl_high = 0
         self.first_step = 0
-        self.idle_warned = False  # an update that took no step is said once
+        self.idle_warned = self.bound_warned = False  # each said once
         self.monitor = HackingMonitor(cfg.warning_window)
-        self.best = self.worst = None  # the highest and lowest iteration reward so far
-        self.stuck = 0  # iterations in a row without a learning signal, below the best
+        self.scores = []  # every iteration's reward so far
+        self.tied_from_start = True  # every group tied in every iteration so far
+        self.stuck = 0  # iterations in a row without a reward signal, below the SFT level
 
     def resume(self, history: list[dict]) -> None:
         self.monitor = HackingMonitor(self.cfg.warning_window, history)
         for row in history:
             self.no_signal(row)
 
+    @property
+    def sft_level(self) -> float | None:
+        """The SFT policy's reward: the mean of the first SFT_ITERATIONS iterations (None
+        before there are that many)."""
+        first = self.scores[:SFT_ITERATIONS]
+        return sum(first) / len(first) if len(first) == SFT_ITERATIONS else None
+
     def no_signal(self, stats: dict) -> int:
-        """Iterations in a row, this one included, in which the policy got no learning signal
-        (every group's rewards tied, or its entropy under 0.01 nats) while the iteration's
-        reward was below the best so far by more than a tenth of the range seen; else 0."""
+        """Iterations in a row, this one included, in which no reward signal reached the policy
+        (every group's rewards tied, or its entropy under 0.01 nats) while the iteration's reward
+        was below the SFT level by more than a tenth of the range seen; or, in a run whose every
+        group has tied since the first iteration, every iteration so far unless the reward is
+        `best`. Else 0. (With the KL in the loss the KL's gradient still reaches a tied group:
+        what is missing is the reward's.)"""
         score = stats["score"]
-        self.best = score if self.best is None else max(self.best, score)
-        self.worst = score if self.worst is None else min(self.worst, score)
-        silent = stats.get("zero_groups", 0.0) >= 1.0 or stats["entropy"] < 0.01
-        below = self.best - score > 0.1 * (self.best - self.worst)
-        self.stuck = self.stuck + 1 if silent and below else 0
+        self.scores.append(score)
+        tied = stats.get("zero_groups", 0.0) >= 1.0
+        silent = tied or stats["entropy"] < 0.01
+        self.tied_from_start = self.tied_from_start and tied
+        sft, spread = self.sft_level, max(self.scores) - min(self.scores)
+        below_sft = sft is not None and sft - score > 0.1 * spread
+        never_learned = self.tied_from_start and (self.best is None or score < self.best)
+        self.stuck = self.stuck + 1 if silent and (below_sft or never_learned) else 0
         return self.stuck
 
-    def check(self, stats: dict, step: int, beta: float) -> dict:
+    def check(self, stats: dict, step: int, kl_ctl) -> dict:
         """The figures to log with iteration `step` (the signals and hacking_warning); prints
-        each warning whose time has come (on the main process). `beta`: the KL coefficient
-        after the update, for the KL warning."""
-        cfg = self.cfg
+        each warning whose time has come (on the main process). `kl_ctl`: the KL controller
+        after the update (its beta for the KL warning, its bound)."""
+        cfg, beta = self.cfg, kl_ctl.value
         figures, message = self.monitor.update(stats, step)
         lines = [message] if message else []
         figures["stuck"] = self.no_signal(stats)
         if figures["stuck"] == STUCK_AFTER:
-            lines.append(stuck_warning(stats, step, self.best))
+            level = None if self.tied_from_start else self.sft_level
+            lines.append(stuck_warning(stats, step, level, self.best))
+        if kl_ctl.at_upper_bound and not self.bound_warned:
+            self.bound_warned = True
+            lines.append(bound_warning(stats, step, kl_ctl))
         if stats["minibatch_steps"] == 0 and not self.idle_warned:
             self.idle_warned = True
             lines.append(idle_update_warning(stats, step, cfg.target_kl))
