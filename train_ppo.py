@@ -573,7 +573,7 @@ def main(cfg: Config) -> dict:
         stats[run.score_name] = stats.pop("rm_score")
         stats.update(source.figures(experiences))  # the gold of a built-in task
         stats.update(mean_over_ranks(reward_fn.figures()))  # an ensemble's ens_std, heldout_gap
-        stats["max_logratio"] = largest_logratio(trainer, experiences[0], trainer.cfg.minibatch_size)
+        stats["max_logratio"] = largest_logratio(trainer, trainer.first_minibatch)
         stats.update(watch.check(stats, step + 1, trainer.kl_ctl))  # warnings, hacking
         run.log.log(step + 1, **stats)
         bar.set_postfix(**{"rm" if cfg.reward == "rm" else "reward": f"{stats[run.score_name]:.2f}",

@@ -470,8 +470,11 @@ class PPOTrainer:
         cfg = self.cfg
         t0 = time.time()
         totals, counts, steps, stop_kl = {}, {}, 0, 0.0
+        self.first_minibatch = None  # (the rows watch.largest_logratio looks at afterwards)
         for epoch in range(cfg.ppo_epochs):
             for mb in self.buffer.minibatches(cfg.minibatch_size, generator, self.unit):
+                if self.first_minibatch is None:
+                    self.first_minibatch = mb
                 figures, stepped, stop_kl = self._learn_minibatch(mb, generator)
                 for k, v in figures.items():  # summed as tensors: no host sync per figure
                     totals[k] = totals.get(k, 0.0) + v.detach().float()

@@ -186,6 +186,7 @@ def run_job(mode, out, script, argv) -> bool:
         grads = {setting: minibatch_gradients(setting) for setting in SETTINGS}
         grads["top_entropy"] = top_entropy_share()
         grads.update(covariance_share())
+        grads["max_over_ranks"] = distributed.max_over_ranks([3.5, -1.0][distributed.rank()])
         torch.save(grads, os.path.join(out, f"rank{distributed.rank()}.pt"))
         distributed.shutdown()
         return True

@@ -214,6 +214,13 @@ def test_top_entropy_takes_one_threshold_over_both_processes(launched):
     assert not torch.equal(own, whole) and whole[:2].sum() == 0 < own[:2].sum()
 
 
+def test_the_largest_figure_over_processes_is_every_ranks_maximum(launched):
+    """max_logratio under torchrun: each rank's largest, then the maximum over the ranks, the
+    same on both (rank 0 gave 3.5, rank 1 -1.0)."""
+    ranks = [torch.load(launched / "grad" / f"rank{r}.pt") for r in range(2)]
+    assert [r["max_over_ranks"] for r in ranks] == [3.5, 3.5]
+
+
 def test_clip_cov_and_kl_cov_choose_over_both_processes(launched):
     """--cov_loss under torchrun: each rank chooses its tokens by the whole minibatch's
     covariance (means over both ranks' tokens) and count, as one process does on every row;

@@ -23,6 +23,10 @@ def shift_logit(model, token: int, nats: float):
     model.logits = lambda hidden: logits(hidden) + bump
 
 
+def rows(exp, n):
+    return exp.select(torch.arange(n))
+
+
 def by_hand(tr, exp, rows):
     """The same figure from each model's full logits over every position, the plain way."""
     def logp(model):
@@ -38,7 +42,7 @@ def by_hand(tr, exp, rows):
 
 def test_the_reference_itself_reads_zero():
     tr = make_trainer()
-    assert largest_logratio(tr, rollout(tr), 8) == 0.0
+    assert largest_logratio(tr, rollout(tr)) == 0.0
 
 
 def test_it_is_the_largest_ratio_over_vocabulary_and_actions():
@@ -48,11 +52,11 @@ def test_it_is_the_largest_ratio_over_vocabulary_and_actions():
         for p in tr.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
     exp = rollout(tr)
-    got = largest_logratio(tr, exp, 8)
+    got = largest_logratio(tr, rows(exp, 8))
     assert got > 0.01  # the weights moved; two distributions that differ: some ratio > 1
     assert abs(got - by_hand(tr, exp, 8)) < 1e-5
-    assert abs(largest_logratio(tr, exp, 16) - by_hand(tr, exp, 16)) < 1e-5
-    assert largest_logratio(tr, exp, 16) >= got  # more rows, more positions to take it over
+    assert abs(largest_logratio(tr, exp) - by_hand(tr, exp, 16)) < 1e-5
+    assert largest_logratio(tr, exp) >= got  # more rows, more positions to take it over
 
 
 def test_it_sees_mass_moving_onto_a_token_no_rollout_samples():
@@ -70,7 +74,7 @@ def test_it_sees_mass_moving_onto_a_token_no_rollout_samples():
         now = tr.policy_and_values(exp.sequences, exp.attention_mask, exp.prompt_len)[0]
     sampled_kl = ((now - exp.ref_logprobs) * exp.action_mask).sum() / exp.action_mask.sum()
     assert abs(sampled_kl) < 0.01, sampled_kl
-    assert 4.9 < largest_logratio(tr, exp, 16) <= 5.0
+    assert 4.9 < largest_logratio(tr, exp) <= 5.0
 
 
 def test_with_lora_the_reference_is_the_actor_with_its_adapters_off():
@@ -87,4 +91,22 @@ def test_with_lora_the_reference_is_the_actor_with_its_adapters_off():
     with_copy = by_hand(tr, exp, 16)      # tr.ref: the base's copy from make_trainer
     assert with_copy > 0.01
     tr.ref = None
-    assert abs(largest_logratio(tr, exp, 16) - with_copy) < 1e-5
+    assert abs(largest_logratio(tr, exp) - with_copy) < 1e-5
+
+
+def test_it_reads_the_first_minibatch_the_update_trained_on():
+    """The figure's rows are those of the update's first (shuffled) minibatch, not the rollout's
+    first rows in their sampled order: the trainer keeps that minibatch, whose rows are the
+    first of the shuffle's permutation. An update that trained on nothing reads 0."""
+    tr = make_trainer()
+    exp = rollout(tr)
+    tr.buffer.add(exp)
+    shuffle = torch.Generator().manual_seed(5)
+    first_rows = torch.randperm(len(exp.scores), generator=torch.Generator().manual_seed(5))
+    first_rows = first_rows[:tr.cfg.minibatch_size]
+    tr.learn(shuffle)
+    mb = tr.first_minibatch
+    assert len(mb.scores) == tr.cfg.minibatch_size and not torch.equal(first_rows, torch.arange(len(first_rows)))
+    torch.testing.assert_close(mb.scores, exp.scores[first_rows])
+    assert abs(largest_logratio(tr, mb) - by_hand(tr, exp.select(first_rows), len(first_rows))) < 1e-5
+    assert largest_logratio(tr, None) == 0.0

@@ -109,6 +109,16 @@ def mean_over_ranks(stats: dict) -> dict:
     return {**stats, **{k: (v / world_size()).item() for k, v in zip(keys, values)}}
 
 
+def max_over_ranks(x: float) -> float:
+    """The largest of every rank's `x` (`x` itself on a single process)."""
+    if not is_distributed():
+        return x
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    y = torch.tensor([x], dtype=torch.float64, device=on)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    return y.item()
+
+
 def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
     """What a token mean divides by so that N processes compute one process's mean.
 

@@ -30,7 +30,7 @@ import math
 import torch
 from tqdm import tqdm
 
-from .distributed import is_main
+from .distributed import is_main, max_over_ranks
 from ..lab.hacking import HackingMonitor
 from .lora import adapters_disabled
 from ..logprobs import CHUNK_ELEMENTS, tempered_log_softmax
@@ -39,12 +39,16 @@ STUCK_AFTER = 10  # iterations without a reward signal, below the SFT level, bef
 SFT_ITERATIONS = 3  # the first iterations, whose mean reward is the SFT policy's level
 
 
-def largest_logratio(trainer, exp, rows: int) -> float:
+def largest_logratio(trainer, exp) -> float:
     """The largest log pi(v | prefix) - log ref(v | prefix) over the whole vocabulary at the
-    action positions of `exp`'s first `rows` rows, after the update: mass moving onto a token
-    no rollout samples, which the KL figures (means over sampled tokens) do not see."""
-    seqs, attn, T = exp.sequences[:rows], exp.attention_mask[:rows], exp.prompt_len
-    actions, actor, largest = exp.action_mask[:rows].bool(), trainer.actor, 0.0  # (max >= 0)
+    action positions of `exp` (the first minibatch the update trained on, `trainer.
+    first_minibatch`: every process's rows), after the update: mass moving onto a token no
+    rollout samples, which the KL figures (means over sampled tokens) do not see. 0 when the
+    update trained on nothing (dynamic sampling kept no group)."""
+    if exp is None:
+        return 0.0
+    seqs, attn, T = exp.sequences, exp.attention_mask, exp.prompt_len
+    actions, actor, largest = exp.action_mask.bool(), trainer.actor, 0.0  # (max >= 0)
     ref = trainer.ref if trainer.ref is not None else actor  # LoRA: the actor, adapters off
     log_softmax = lambda model, hidden: tempered_log_softmax(  # as scored; PAD: the same floor
         model.logits(hidden).float(), trainer.cfg.temperature, trainer.suppress)
@@ -55,7 +59,7 @@ def largest_logratio(trainer, exp, rows: int) -> float:
         step = max(1, CHUNK_ELEMENTS // actor.config.vocab_size)  # (step, V) logits at a time
         for p, r in zip(hidden.split(step), ref_hidden.split(step)):  # (no adapted output layer)
             largest = max(largest, (log_softmax(actor, p) - log_softmax(ref, r)).max().item())
-    return largest
+    return max_over_ranks(largest)
 
 
 def idle_update_warning(stats: dict, step: int, target_kl: float) -> str:
