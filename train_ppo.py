@@ -15,6 +15,7 @@ Writes out_dir/ckpt.pt, metrics.jsonl, rollouts.jsonl, report.html (docs/scripts
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -38,7 +39,7 @@ from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.machinery.lora import add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import GROUP_ALGOS
 from mingpt_rlhf.model import GPTConfig, build_empty
-from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, reads  # noqa: F401 (tests call them here)
+from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, default_of, reads  # noqa: F401 (tests call them here)
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.report import comparison_lines, report_of_run, update_counts, update_lines
 from mingpt_rlhf.machinery.rollouts import RolloutRecorder
@@ -347,7 +348,19 @@ class Config:
                                    "count a slice does not know", group=MACHINERY)
 
 
-RESUME_FIXED = ("reward", "env", "critic", "lora_rank", "lora_targets", "ensemble_combine")
+# What a resumed run may change: where it runs and in how much memory, how far it goes, how
+# often it looks and what watches it, and where its folders and files are (moved, they must
+# hold the same: a LoRA run checks its base's fingerprint). Every other option decides what the
+# run computes (its models, its data, its objective: the KL, the losses, the advantages, which
+# tokens learn), so `--resume` refuses a value other than the checkpoint's
+# (`require_same_options`). The learning rates may change when given on the command line (the
+# run line says so); else they stay.
+RESUME_FREE = ("out_dir", "resume", "max_iters", "eval_interval", "eval_prompts",
+               "record_rollouts", "warning_window", "heldout_rm_dir", "device", "dtype",
+               "compile", "grad_checkpoint", "generate_batch_size", "score_batch_size",
+               "learn_batch_size", "sft_dir", "rm_dir", "init_from", "prompts",
+               "eval_prompts_file", "ptx_data")
+RESUME_LR = ("actor_lr", "critic_lr")
 
 
 def load_models(cfg: Config, device, dtype):
@@ -422,15 +435,30 @@ def prompt_splits(cfg: Config, task) -> tuple[list[dict], list[dict]]:
     return train, held_out[:cfg.eval_prompts]
 
 
-def require_same_options(cfg: Config, saved: dict, path: str) -> None:
-    """A resumed run builds the models the first run built: refuse a changed --reward,
-    --critic or LoRA shape with the value the run was started with. An option the run does
-    not read builds nothing (a GRPO run's --critic, which checkpoints saved resolved)."""
-    for name in RESUME_FIXED:
-        if name in saved and saved[name] != getattr(cfg, name) and reads(cfg, name):
-            raise UserError(f"{path} was started with --{name} {saved[name]}, not "
-                            f"{getattr(cfg, name)}; resume with --{name} {saved[name]}, or "
-                            f"start anew in another --out_dir")
+def require_same_options(cfg: Config, saved: dict, path: str, given_lr=()) -> list[str]:
+    """A resumed run computes what the first run computed: refuse any option outside
+    RESUME_FREE whose (resolved) value differs from the checkpoint's, naming the value the run
+    was started with. An option the run does not read computes nothing (a GRPO run's
+    --critic, which checkpoints saved resolved); an option the checkpoint does not hold (an
+    older one's) is not compared. A learning rate in `given_lr` (given on the command line)
+    may change; one not given takes the checkpoint's value. Returns "--actor_lr 1e-4 (5e-5
+    before the resume)" for each that changed."""
+    changed = []
+    for field in dataclasses.fields(cfg):
+        name, value = field.name, getattr(cfg, field.name)
+        if name in RESUME_FREE or name not in saved or saved[name] == value or not reads(cfg, name):
+            continue
+        if name in RESUME_LR:
+            if name in given_lr:
+                changed.append(f"--{name} {value:g} ({saved[name]:g} before the resume)")
+            else:
+                setattr(cfg, name, saved[name])
+            continue
+        shown = lambda v: str(v).lower() if isinstance(v, bool) else f"{v}"
+        raise UserError(f"{path} was started with --{name} {shown(saved[name])}, not "
+                        f"{shown(value)}; resume with --{name} {shown(saved[name])} (or without "
+                        f"the option), or start anew in another --out_dir")
+    return changed
 
 
 def response_and_prompt_texts(tokenizer, exp) -> tuple[list[str], list[str]]:
@@ -635,13 +663,10 @@ def set_up(cfg: Config) -> Run:
     """Everything before the first iteration: the options checked, the device, the seed, the
     models, the data, the reward, the trainer and, with --resume, every state the run saved."""
     # ---- config, device, seed
+    given_lr = [name for name in RESUME_LR if getattr(cfg, name) != default_of(cfg, name)]
     check_config(cfg)
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world, rank = world_size(), process_rank()
-    local = share_of_process(cfg, world)
-    if local.learn_batch_size and local.minibatch_size % local.learn_batch_size:
-        raise UserError(f"--learn_batch_size {local.learn_batch_size} must divide each process's "
-                        f"minibatch of {local.minibatch_size} rows (--minibatch_size / processes)")
     dtype = resolve_dtype(cfg.dtype, device)
     if (cfg.tis_cap or cfg.offpolicy not in ("auto", "none")) and dtype == torch.float32 \
             and not cfg.sampler_lag:
@@ -655,8 +680,13 @@ def set_up(cfg: Config) -> Run:
     seed_everything(cfg.seed)
     prepare_out_dir(cfg.out_dir)
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, cfg.algo)
+    lr_changes = []
     if resumed:
-        require_same_options(cfg, resumed.get("config", {}), ckpt_path)
+        lr_changes = require_same_options(cfg, resumed.get("config", {}), ckpt_path, given_lr)
+    local = share_of_process(cfg, world)  # (after the resume: it may take the saved rates)
+    if local.learn_batch_size and local.minibatch_size % local.learn_batch_size:
+        raise UserError(f"--learn_batch_size {local.learn_batch_size} must divide each process's "
+                        f"minibatch of {local.minibatch_size} rows (--minibatch_size / processes)")
 
     # ---- models
     tokenizer, actor, ref, rm, critic, value_head = load_models(cfg, device, dtype)
@@ -715,7 +745,7 @@ def set_up(cfg: Config) -> Run:
     # the same held-out prompts at every eval, token by token, for report.html (machinery/rollouts.py)
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
-    print(run_line(cfg, actor, source, device, dtype))
+    print(run_line(cfg, actor, source, device, dtype, trainer.kl_ctl.value, lr_changes))
     return Run(cfg, trainer, source, reward_fn, watch, log, recorder, tokenizer, score_name,
                sample_gen, shuffle_gen, prompt_gen, ckpt_path, step, initial)
 
@@ -765,16 +795,19 @@ def restore(resumed: dict, ckpt_path: str, trainer, critic, value_head, watch, p
     restore_rank_rng(resumed, ckpt_path, sample=sample_gen, shuffle=shuffle_gen)
 
 
-def run_line(cfg: Config, actor, source, device, dtype) -> str:
-    """The line that says what this run trains, with what, on what."""
+def run_line(cfg: Config, actor, source, device, dtype, beta: float, lr_changes=()) -> str:
+    """The line that says what this run trains, with what, on what; `beta`: the KL
+    controller's (a resumed run's is where it was saved); `lr_changes`: learning rates a
+    resumed run was given anew."""
     trained = sum(p.numel() for p in actor.parameters() if p.requires_grad)
     method = (f"ppo, critic {cfg.critic}" if cfg.algo == "ppo" else "reinforce++, no critic"
               if cfg.algo == "reinforce++" else
               f"{cfg.algo}, groups of {cfg.group_size}")
     method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
                if cfg.algo == "online_dpo" else
-               f", KL {cfg.kl_estimator} in the {cfg.kl_in}, beta {cfg.kl_coef:g}"
+               f", KL {cfg.kl_estimator} in the {cfg.kl_in}, beta {beta:.4g}"
                f"{' (adaptive)' if cfg.adaptive_kl else ''}")
+    method += "".join(f"; {change}" for change in lr_changes)
     return (f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M "
             f"trained), {source.describe()}, device {device}, {str(dtype).replace('torch.', '')}")
 

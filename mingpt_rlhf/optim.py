@@ -81,7 +81,12 @@ class Optimizer:
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        # the moments and steps of the saved run, at this run's rates (a resumed run may be
+        # given new ones; the saved groups would bring their old peak_lr back)
+        peaks = [g["peak_lr"] for g in self.adamw.param_groups]
         self.adamw.load_state_dict(state["adamw"])
+        for g, peak in zip(self.adamw.param_groups, peaks):
+            g["peak_lr"] = peak
         self.skipped = state.get("skipped", 0)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -18,7 +18,7 @@ import torch
 import train_ppo
 import train_rm
 import train_sft
-from conftest import copy_run, exits_2
+from conftest import as_options, copy_run, exits_2
 from mingpt_rlhf.machinery import cli
 from mingpt_rlhf.heads import Critic, RewardModel
 from mingpt_rlhf.model import GPT, GPTConfig
@@ -207,6 +207,45 @@ def test_ppo_resume_continues_exactly(stages, ppo_run, ppo_killed, tmp_path, old
         assert_same_weights(a[part], b[part])
     assert read_metrics(straight)[-1] == {
         **read_metrics(tmp_path / "killed")[-1], "time": read_metrics(straight)[-1]["time"]}
+
+
+@pytest.mark.parametrize("option, value, started", [
+    (["--kl_coef", "0.5"], "--kl_coef 0.05", "a fixed beta given anew"),
+    (["--kl_in", "loss"], "--kl_in reward", "the KL moved from the reward to the loss"),
+    (["--kl_estimator", "k2"], "--kl_estimator k1", "another estimator"),
+    (["--clip_range", "0.1"], "--clip_range 0.2", "the policy loss"),
+    (["--gamma", "0.9"], "--gamma 1.0", "the advantages"),
+    (["--learn_tokens", "negative"], "--learn_tokens all", "which tokens learn"),
+])
+def test_ppo_resume_refuses_another_objective(stages, ppo_killed, tmp_path, capsys, option, value,
+                                              started):
+    """A resumed run trains what the first run trained: an option that changes the objective
+    and differs from the checkpoint's is refused, naming its saved value (a fixed beta resumed
+    with --kl_coef 0.5 printed 0.5 and saved 0.5 while training with 0.05)."""
+    root = stages[0]
+    copy_run(ppo_killed, tmp_path / "killed")
+    cfg = ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True)
+    line = exits_2(capsys, "train_ppo", [*as_options(cfg), *option])
+    assert f"was started with {value}, not" in line and "start anew in another --out_dir" in line, line
+
+
+def test_ppo_resume_takes_a_learning_rate_given_anew_and_says_so(stages, ppo_killed, tmp_path,
+                                                                capsys):
+    """The learning rates may change on resume when given on the command line: the run line
+    says so and prints the controller's beta as saved; the optimizer steps at the new rate
+    (its saved state brought the old peak back). Not given, the checkpoint's stays."""
+    root = stages[0]
+    copy_run(ppo_killed, tmp_path / "killed")
+    saved = torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=False)
+    beta = saved["kl_ctl"]["value"]
+    assert beta != 0.05  # the controller moved it before the kill
+    run = train_ppo.set_up(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True,
+                                   actor_lr=1e-4))
+    out = capsys.readouterr().out
+    assert f"beta {beta:.4g} (adaptive)" in out and "--actor_lr 0.0001 (5e-05 before the resume)" in out
+    assert [g["peak_lr"] for g in run.trainer.actor_opt.adamw.param_groups] == [1e-4]
+    run = train_ppo.set_up(ppo_cfg(tmp_path / "killed", root / "sft", root / "rm", resume=True))
+    assert run.cfg.actor_lr == 5e-5 and "before the resume" not in capsys.readouterr().out
 
 
 def test_ppo_refuses_a_reward_model_with_another_tokenizer(stages, tmp_path):
