@@ -26,7 +26,16 @@ import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
+import results_file  # noqa: E402
 from pipeline import comparison_prompts, held_out_figures, load_reward_model  # noqa: E402
+
+
+def run_defaults() -> dict:
+    """The options every run of this bench shares, as the run resolves them (check_config: the
+    "auto" sentinels, such as --kl_coef -1, replaced by what the run trains with)."""
+    cfg = train_ppo.Config()
+    train_ppo.check_config(cfg)
+    return {k: getattr(cfg, k) for k in ("kl_coef", "kl_horizon", "max_iters", "rollout_batch_size")}
 
 
 def read_metrics(out_dir):
@@ -72,9 +81,7 @@ def main():
         rows.append(row)
     import torch
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-              "defaults": {k: getattr(train_ppo.Config(), k)
-                           for k in ("kl_coef", "kl_horizon", "max_iters", "rollout_batch_size")},
-              "rows": rows}
+              "defaults": run_defaults(), "measured": results_file.measured(ROOT), "rows": rows}
     path = os.path.join(ROOT, "bench", "results", "kl_control.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)

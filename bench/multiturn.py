@@ -111,7 +111,8 @@ def run_rl(seed: int, sft: str, out: str, options: dict, iters: int, actor_lr: f
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     evals = [r for r in rows if r.get("split") == "eval"]
     figures = held_out(out, sft)
-    figures.update(seconds=round(seconds, 1), measured=results_file.measured(ROOT), kl=rows[-1]["kl"],
+    figures.update(seconds=round(seconds, 1), measured=results_file.measured(ROOT),
+                   ran_with=results_file.ran_with(out), kl=rows[-1]["kl"],
                    gen_tokens=sum(r.get("gen_tokens", 0) for r in rows if "pg_loss" in r),
                    t_generate=sum(r.get("t_generate", 0) for r in rows if "pg_loss" in r),
                    curve=[{"step": r["step"], "success": r["success"], "turns": r["turns"]}

@@ -179,6 +179,7 @@ def main():
                 result["runs"][key]["measured"] = results_file.measured(ROOT)
                 if name != "sft":
                     result["runs"][key]["trained"] = trained(folder)
+                    result["runs"][key]["ran_with"] = results_file.ran_with(folder)
                 results_file.save(args.results, with_curves(result))
     else:
         results_file.save(args.results, with_curves(result))

@@ -80,10 +80,30 @@ def variant_tag(options: str) -> str:
 
 
 def measured(root: str) -> str:
-    """When and at which commit of the repository at `root` a run was made ("2026-11-27 a5b235e")."""
+    """When and at which commit of the repository at `root` a run was made, and whether its
+    tracked files had changes not yet committed ("2026-11-27 a5b235e", or "2026-11-27 a5b235e
+    with uncommitted changes": then the commit alone does not say what ran)."""
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], text=True,
                                 capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               text=True, capture_output=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown commit"
-    return f"{time.strftime('%Y-%m-%d')} {commit}"
+        commit, dirty = "unknown commit", ""
+    return f"{time.strftime('%Y-%m-%d')} {commit}" + (" with uncommitted changes" if dirty else "")
+
+
+def ran_with(out_dir: str) -> dict:
+    """The options a training run in `out_dir` ran with, as its checkpoint saved them (every
+    "auto" resolved): those that differ from its script's defaults, so the defaults of the day
+    need not be known to read them."""
+    import importlib
+
+    import torch
+    ckpt = torch.load(os.path.join(out_dir, "ckpt.pt"), map_location="cpu", weights_only=False)
+    saved = ckpt.get("config", {})
+    script = {"sft": "train_sft", "rm": "train_rm", "dpo": "train_dpo"}.get(ckpt.get("stage"), "train_ppo")
+    defaults = importlib.import_module(script).Config()
+    skip = ("out_dir", "sft_dir", "rm_dir", "resume")  # where, not what
+    return {k: v for k, v in saved.items()
+            if k not in skip and getattr(defaults, k, object()) != v}

@@ -84,7 +84,8 @@ def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
     train = [r for r in rows if "pg_loss" in r]
     evals = [(r["step"], r["win"]) for r in rows if r.get("split") == "eval"]
-    return {"seconds": round(time.time() - start, 1), "measured": results_file.measured(ROOT), "sft_win": evals[0][1],
+    return {"seconds": round(time.time() - start, 1), "measured": results_file.measured(ROOT),
+            "ran_with": results_file.ran_with(out), "sft_win": evals[0][1],
             "win": evals[-1][1], "best_win": max(w for _, w in evals), "evals": evals,
             "max_kl": max(r["kl"] for r in train),
             "stuck_iterations": rows[-1].get("stuck_iterations", 0),

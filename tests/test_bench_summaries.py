@@ -138,3 +138,25 @@ def test_passk_draws_its_picture_from_the_committed_results(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "passk.png").stat().st_size > 10_000
+
+
+def test_kl_control_records_the_defaults_as_the_run_resolves_them():
+    """bench/kl_control.py writes the runs' shared options into its JSON: the values they train
+    with, not the "auto" sentinels (Config().kl_coef is -1, which a re-run recorded)."""
+    from conftest import bench_module
+    defaults = bench_module("kl_control").run_defaults()
+    assert defaults["kl_coef"] == 0.05 and defaults["kl_horizon"] == 10.0
+    assert all(v > 0 for v in defaults.values()), defaults
+
+
+def test_a_run_records_the_options_it_ran_with(tmp_path):
+    """results_file.ran_with reads a run's checkpoint: its options as resolved (the "auto"s
+    replaced), those that differ from the script's defaults."""
+    import torch
+    from conftest import bench_module
+    results_file = bench_module("results_file")
+    torch.save({"stage": "grpo", "config": {"out_dir": "x", "algo": "grpo", "kl_coef": 0.2,
+                                            "max_iters": 200, "kl_in": "loss"}},
+               tmp_path / "ckpt.pt")
+    assert results_file.ran_with(str(tmp_path)) == {"algo": "grpo", "kl_coef": 0.2, "kl_in": "loss"}
+    assert results_file.measured(str(tmp_path)).startswith("20")  # a date, whatever the folder
