@@ -37,7 +37,7 @@ from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.lab.hacking import HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.machinery.lora import add_lora, has_lora, merged_state_dict, parse_targets
-from mingpt_rlhf.losses import GROUP_ALGOS
+from mingpt_rlhf.losses import ADVANTAGES, GROUP_ALGOS, POLICY_LOSSES, LossSpec, spec_of
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, default_of, reads  # noqa: F401 (tests call them here)
 from mingpt_rlhf.machinery.plot import picture_of_run
@@ -73,7 +73,8 @@ More runs:
 RECIPE = "PPO, the recipe: data, sizes, sampling, learning rates, KL, GAE, clip, critic, eval"
 CRITIC_FREE = "GRPO, RLOO and REINFORCE++: no critic (--algo grpo | rloo | reinforce++)"
 ONLINE_DPO = "online DPO (--algo online_dpo)"
-KL_AND_REDUCTION = "where the KL goes, its estimator, and the loss's reduction over tokens"
+KL_AND_REDUCTION = ("the loss, role by role (mingpt_rlhf/losses.py): advantages, policy loss, where "
+                    "the KL goes, its estimator, the reduction over tokens")
 REFINEMENTS = ("refinements: GSPO's ratio, DAPO's clip-higher, overlong shaping, dynamic "
                "sampling, which tokens learn")
 OFF_POLICY = "a sampler behind the learner: its lag and the off-policy corrections"
@@ -224,6 +225,21 @@ class Config:
                                  "budget (--grpo_norm dr, the default) or sequence (--grpo_norm "
                                  "grpo); with --ratio sequence always sequence, GSPO's own, the "
                                  "only one it takes", group=KL_AND_REDUCTION)
+    advantages: str = opt("auto", "the entry of losses.ADVANTAGES, where the baseline comes from: "
+                                  "auto (the method's: gae for ppo, dr_grpo or grpo for grpo by "
+                                  "--grpo_norm, rloo, reinforce++, preference for online_dpo) | "
+                                  + " | ".join(ADVANTAGES) + ". A group's baseline (grpo, "
+                                  "dr_grpo, rloo) needs --algo grpo or rloo, gae --algo ppo (its "
+                                  "critic); reinforce++ and an entry of your own run with --algo "
+                                  "ppo or reinforce++ (docs/fork_it.md)", group=KL_AND_REDUCTION)
+    policy_loss: str = opt("auto", "the entry of losses.POLICY_LOSSES, the surrogate: auto "
+                                   "(token; sequence with --ratio sequence or --offpolicy gspo; "
+                                   "clip_cov or kl_cov with --cov_loss; dpo for online_dpo) | "
+                                   + " | ".join(POLICY_LOSSES) + ". token: PPO's clipped ratio "
+                                   "per token; sequence: GSPO's; cispo: the clipped ratio as a "
+                                   "constant weight, no token loses its gradient (MiniMax-M1); an "
+                                   "entry of your own is read like token (docs/fork_it.md)",
+                           group=KL_AND_REDUCTION)
     ratio: str = opt("token", "token (each token's own ratio, clipped per token) | sequence "
                               "(GSPO: one ratio per response, the geometric mean of its "
                               "tokens', clipped per response; grpo and rloo only, with a small "
@@ -807,6 +823,12 @@ def run_line(cfg: Config, actor, source, device, dtype, beta: float, lr_changes=
                if cfg.algo == "online_dpo" else
                f", KL {cfg.kl_estimator} in the {cfg.kl_in}, beta {beta:.4g}"
                f"{' (adaptive)' if cfg.adaptive_kl else ''}")
+    # each role of losses.py whose entry is not PPO's (the KL's were said above)
+    spec, ppo = spec_of(cfg), LossSpec()
+    roles = [f"{role} {getattr(spec, role)}" for role in ("advantages", "policy_loss", "reduction",
+                                                          "learn_tokens")
+             if getattr(spec, role) != getattr(ppo, role)]
+    method += f"; loss: {', '.join(roles)}" if roles else ""
     method += "".join(f"; {change}" for change in lr_changes)
     return (f"{method}; actor {actor.num_params() / 1e6:.2f}M params ({trained / 1e6:.2f}M "
             f"trained), {source.describe()}, device {device}, {str(dtype).replace('torch.', '')}")

@@ -70,21 +70,75 @@ def spec_of(cfg) -> LossSpec:
 
 
 def advantages_of(cfg) -> str:
-    """gae for ppo, grpo (the paper's std normalisation) or dr_grpo (none) for grpo, the
-    method's own for the rest."""
+    """The run's entry of ADVANTAGES: --advantages, or (auto) the method's own: gae for ppo,
+    grpo (the paper's std normalisation) or dr_grpo (none) for grpo, the method's name for the
+    rest (rloo, reinforce++), preference for online DPO."""
+    if getattr(cfg, "advantages", "auto") != "auto":
+        return cfg.advantages
     if cfg.algo == "grpo":
         return "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
     return {"ppo": "gae", "online_dpo": "preference"}.get(cfg.algo, cfg.algo)
 
 
 def policy_loss_of(cfg) -> str:
-    """dpo for online DPO, clip_cov or kl_cov for --cov_loss, sequence for GSPO's ratio
-    (--ratio sequence, which resolve_auto_options sets for --offpolicy gspo), else token."""
+    """The run's entry of POLICY_LOSSES: --policy_loss, or (auto) dpo for online DPO, sequence
+    for GSPO's ratio (--ratio sequence or --offpolicy gspo), clip_cov or kl_cov for --cov_loss,
+    else token. (An older option that the entry then leaves unread, such as --cov_loss beside
+    GSPO's ratio, is refused by the script's rule for unread options.)"""
+    if getattr(cfg, "policy_loss", "auto") != "auto":
+        return cfg.policy_loss
     if cfg.algo == "online_dpo":
         return "dpo"
-    if getattr(cfg, "cov_loss", "none") != "none":
-        return cfg.cov_loss
-    return getattr(cfg, "ratio", "token")
+    if getattr(cfg, "ratio", "token") == "sequence" or getattr(cfg, "offpolicy", "auto") == "gspo":
+        return "sequence"
+    return getattr(cfg, "cov_loss", "none") if getattr(cfg, "cov_loss", "none") != "none" else "token"
+
+
+def check_roles(cfg) -> None:
+    """ValueError for an entry of ADVANTAGES or POLICY_LOSSES that the run's method cannot
+    feed, or that contradicts the older options that pick one (--grpo_norm, --ratio,
+    --cov_loss, --offpolicy gspo). What an entry needs: a critic for gae (--algo ppo), groups
+    for a group's baseline (grpo, rloo), online DPO's pairs for preference and dpo, one
+    advantage per response for GSPO's sequence ratio (grpo, rloo). Any other advantage entry
+    (reinforce++, yours) runs with --algo ppo, whose critic's values it is given, or
+    reinforce++; any other policy loss is read as token is."""
+    algo = cfg.algo
+    adv, loss = advantages_of(cfg), policy_loss_of(cfg)
+    if adv not in ADVANTAGES or loss not in POLICY_LOSSES:
+        return  # (check_config names the valid values)
+    if getattr(cfg, "advantages", "auto") != "auto":
+        needs = ("ppo",) if adv == "gae" else ("online_dpo",) if adv == "preference" else \
+            ("grpo", "rloo") if adv in GROUP_BASELINES else ("ppo", "reinforce++")
+        if algo not in needs:
+            raise ValueError(f"--advantages {adv} needs --algo {' or '.join(needs)}, not {algo} "
+                             f"(a critic for gae, groups for a group's baseline, pairs for "
+                             f"preference)")
+        if getattr(cfg, "grpo_norm", "dr") == "grpo" and adv != "grpo":
+            raise ValueError(f"--grpo_norm grpo picks grpo's advantages, and --advantages {adv} "
+                             f"others: pass one of the two")
+    elif algo == "online_dpo" and adv != "preference":
+        raise ValueError("online_dpo learns from preference pairs: drop --advantages")
+    if getattr(cfg, "policy_loss", "auto") != "auto":
+        older = {"--cov_loss": (getattr(cfg, "cov_loss", "none"), lambda v: v == "none" or v == loss),
+                 "--ratio": (getattr(cfg, "ratio", "token"), lambda v: v == "token" or loss == "sequence"),
+                 "--offpolicy": (getattr(cfg, "offpolicy", "auto"), lambda v: v != "gspo" or loss == "sequence")}
+        for flag, (value, agrees) in older.items():
+            if not agrees(value):
+                raise ValueError(f"{flag} {value} picks another policy loss than --policy_loss "
+                                 f"{loss}: pass one of the two")
+        if (loss == "dpo") != (algo == "online_dpo"):
+            raise ValueError("the dpo policy loss is online DPO's, and online DPO's loss is "
+                             "dpo: --algo online_dpo with --policy_loss auto")
+        if loss == "sequence" and algo not in ("grpo", "rloo"):
+            raise ValueError(f"--policy_loss sequence (GSPO) takes one ratio per response, so "
+                             f"one advantage per response: --algo grpo or rloo, not {algo}")
+
+
+def aliases_of(loss: str) -> dict:
+    """The older options that name a policy loss, set to agree with its entry (so that every
+    check written against them sees the run's loss): --ratio, --cov_loss."""
+    return {"ratio": "sequence" if loss == "sequence" else "token",
+            "cov_loss": loss if loss in ("clip_cov", "kl_cov") else "none"}
 
 
 # the LossSpec fields that no option of the same name gives: the method decides them
@@ -195,6 +249,19 @@ def _sequence_ratio(logprobs, old_logprobs, ref_logprobs, advantages, action_mas
                                 spec.clip_range, spec.clip_high)
 
 
+def _cispo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
+    # CISPO (MiniMax-M1, 2025): clip the importance weight, not the update. Each token's
+    # -A x log pi is weighed by its ratio clipped to [1 - clip_range, 1 + clip_high] and held
+    # constant, so a token past the clip still learns (PPO's clip zeroes its gradient: the rare
+    # tokens that rise fastest stop learning first). At ratio 1 it is the plain policy gradient.
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = ratio.clamp(1 - spec.clip_range, 1 + spec.clip_high)
+    loss = reduce_tokens(-weight * advantages * logprobs, action_mask, spec.reduction, budget, tokens)
+    with torch.no_grad():
+        clipfrac = masked_mean((weight != ratio).float(), action_mask, tokens=tokens)
+    return loss, clipfrac
+
+
 def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, budget, tokens):
     # under torchrun (`tokens` given) the mean over the whole minibatch's pairs
     pairs = tokens_per_rank(preferred_pairs(advantages, action_mask)) if tokens is not None else None
@@ -204,7 +271,8 @@ def _dpo(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, spec, bu
 
 
 POLICY_LOSSES = {"token": _token_ratio, "sequence": _sequence_ratio, "dpo": _dpo,
-                 "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}  # the last two: lab/entropy.py
+                 "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss,  # these two: lab/entropy.py
+                 "cispo": _cispo}
 
 
 # ----------------------------------------------------------------------------- which tokens learn
@@ -243,8 +311,7 @@ def negative_tokens(entropy, action_mask, spec, for_update, advantages, placed, 
 
 # which tokens learn: f(entropy, action_mask, spec, for_update, advantages, placed, values)
 # -> (B, N) or 1.0; `placed` (B, N) the scores where they land, before any KL penalty
-LEARN_TOKENS = {"all": lambda entropy, action_mask, spec, for_update, advantages, placed,
-                       values: 1.0,
+LEARN_TOKENS = {"all": lambda *args: 1.0,  # every token
                 "top_entropy": top_entropy_tokens, "negative": negative_tokens}
 
 
@@ -281,10 +348,13 @@ def _group_figures(scores, values, returns, action_mask, keys, spec, for_update)
     return {"zero_groups": zero_group_fraction(scores, spec.group_size)}
 
 
-# what each entry of ADVANTAGES adds to a rollout's figures, f(scores (B,), values, returns,
-# action_mask, keys, spec, for_update) -> dict
-ROLLOUT_FIGURES = {"gae": _critic_figures, "reinforce++": lambda *args: {},
-                   **{name: _group_figures for name in GROUP_BASELINES}}
+def no_rollout_figures(*args) -> dict:
+    return {}
+
+
+# what an entry of ADVANTAGES adds to a rollout's figures, f(scores (B,), values, returns,
+# action_mask, keys, spec, for_update) -> dict (an entry without a row: no_rollout_figures)
+ROLLOUT_FIGURES = {"gae": _critic_figures, **{name: _group_figures for name in GROUP_BASELINES}}
 
 
 # ----------------------------------------------------------------------------- scores
@@ -312,8 +382,7 @@ def experience_advantages(placed, logprobs, ref_logprobs, values, action_mask, s
     sampling time. The KL placement shapes the rewards, the advantage entry turns them into
     advantages, then `weights` (an off-policy correction's, >= 0; 1: none) and LEARN_TOKENS's
     choice (from `entropy`) multiply them. `for_update` False: an eval batch (no groups)."""
-    rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec,
-                                           kl_coef)
+    rewards = KL_PLACEMENTS[spec.kl_in][0](placed, logprobs, ref_logprobs, action_mask, spec, kl_coef)
     rewards, advantages, returns = ADVANTAGES[spec.advantages](rewards, values, action_mask,
                                                                spec, for_update)
     learn = LEARN_TOKENS[spec.learn_tokens](entropy, action_mask, spec, for_update, advantages,

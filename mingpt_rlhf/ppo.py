@@ -276,7 +276,7 @@ def explained_variance(values, returns, action_mask) -> float:
 
 # ----------------------------------------------------------------------------- KL coefficient
 class FixedKLController:
-    at_upper_bound = False  # (AdaptiveKLController's: a fixed beta has no bound to reach)
+    high = math.inf  # (AdaptiveKLController's upper bound: a fixed beta has none to reach)
 
     def __init__(self, kl_coef: float):
         if kl_coef < 0:  # -1 is train_ppo.Config's "auto", which ppo_trainer.resolve_auto_options resolves
@@ -320,8 +320,8 @@ class AdaptiveKLController:
     iterations to return). RANGE = 10 lies past every healthy run we measured (beta ended at
     0.38x to 7.2x its start over --kl_target 1 to 6, bench/results/kl_control.json), and from
     the upper bound beta is back within 2x of its start in 81 iterations at horizon 10.
-    `at_upper_bound` says when beta is held at its upper bound (the run then warns once; the
-    lower bound only keeps a beta that fell for long from needing as long to rise again).
+    When beta is held at `high` the run warns once (the lower bound only keeps a beta that fell
+    for long from needing as long to rise again).
     """
 
     UP, DOWN = 1.0, -0.2
@@ -332,13 +332,11 @@ class AdaptiveKLController:
             raise ValueError("adaptive KL needs kl_coef > 0, target > 0 and horizon > 0")
         self.value, self.target, self.horizon = kl_coef, target, horizon
         self.low, self.high = kl_coef / self.RANGE, kl_coef * self.RANGE
-        self.at_upper_bound = False
 
     def update(self, kl: float) -> None:
         error = math.log(max(kl, 1e-8) / self.target)
         moved = self.value * math.exp(min(max(error, self.DOWN), self.UP) / self.horizon)
         self.value = min(max(moved, self.low), self.high)
-        self.at_upper_bound = self.value == self.high
 
     def state_dict(self) -> dict:
         return {"value": self.value}
@@ -346,4 +344,3 @@ class AdaptiveKLController:
     def load_state_dict(self, state: dict) -> None:
         # (a checkpoint from before the bound may hold a wound-up beta)
         self.value = min(max(state["value"], self.low), self.high)
-        self.at_upper_bound = self.value == self.high

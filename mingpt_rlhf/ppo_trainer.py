@@ -27,7 +27,8 @@ from .machinery.distributed import all_agree, mean_over_ranks, token_share, toke
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
 from .machinery.lora import adapters_disabled, has_lora
 from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
-                     check_groups, default_kl_estimator, every_row, experience_advantages,
+                     advantages_of, aliases_of, check_roles, check_groups, default_kl_estimator,
+                     every_row, experience_advantages, no_rollout_figures, policy_loss_of,
                      score_shaping_of, spec_of)
 from .optim import Optimizer
 from .ppo import (Experience, ReplayBuffer, last_action_index, masked_mean,
@@ -83,41 +84,47 @@ def resolve_auto_options(cfg):
       the larger pull towards the reference keeps both moves sampled long enough to learn it
       (docs/multiturn.md measured both);
     - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
-    - offpolicy "gspo": ratio "sequence" (GSPO's ratio, taken against the sampler);
-    - reduction "auto": token for ppo, sequence for grpo with the std, budget otherwise; and
+    - advantages and policy_loss "auto": the method's entries (losses.advantages_of,
+      losses.policy_loss_of; --offpolicy gspo: GSPO's ratio, taken against the sampler), and
+      --ratio and --cov_loss set to agree with the policy loss (losses.aliases_of);
+    - reduction "auto": the advantage entry's: token for gae and reinforce++, sequence for
+      grpo (with the std), budget for dr_grpo and rloo; and
       sequence with one ratio per response (`ratio == "sequence"`, GSPO), whose loss is a mean
       over responses whatever the reduction says (the KL in the loss then follows it).
 
-    Refuses (ValueError) the std normalisation with the KL in the reward: in a group whose
+    Refuses (ValueError) an entry the method cannot feed (losses.check_roles); the std
+    normalisation with the KL in the reward: in a group whose
     scores are all equal the rewards differ only by beta x KL, and dividing by their std
     would blow that noise up to advantages of +-1; GSPO with another reduction than its own;
     and GSPO's ratio with a correction that weighs each token (offpolicy.READS_CAP): its one
     ratio per response would take the mean of the weights, which is no importance weight
     (losses._sequence_ratio says why)."""
-    algo, norm = cfg.algo, getattr(cfg, "grpo_norm", "dr")
-    gspo = getattr(cfg, "ratio", "token") == "sequence" or getattr(cfg, "offpolicy", "") == "gspo"
+    algo = cfg.algo
+    check_roles(cfg)
+    adv, loss = advantages_of(cfg), policy_loss_of(cfg)
+    std = adv == "grpo"  # GRPO's division by the group's reward std
+    gspo = loss == "sequence"
     # episodes with an environment: --env set (check_config then sets --reward env too; a
     # library caller's Config may not)
     episodes = bool(getattr(cfg, "env", "")) or getattr(cfg, "reward", "rm") == "env"
-    auto = {}
-    if getattr(cfg, "offpolicy", "") == "gspo" and hasattr(cfg, "ratio"):  # GSPO's ratio
-        auto["ratio"] = "sequence"
+    roles = {"advantages": adv, "policy_loss": loss, **aliases_of(loss)}
+    auto = {name: value for name, value in roles.items() if hasattr(cfg, name)}
     if cfg.actor_lr == -1:
         auto["actor_lr"] = 1e-4 if episodes or getattr(cfg, "reward", "rm") == "task" else 5e-5
     if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
         auto["ptx_coef"] = 0.02 if algo == "ppo" and not episodes else 0.0
     if cfg.kl_in == "auto":
-        in_loss = (algo == "grpo" and norm == "grpo") or (episodes and algo in ("ppo", "grpo", "rloo"))
+        in_loss = std or (episodes and algo in ("ppo", "grpo", "rloo"))
         auto["kl_in"] = "loss" if in_loss else "reward"
     if getattr(cfg, "kl_coef", None) == -1:  # (a caller's cfg may not have it)
         auto["kl_coef"] = 0.2 if episodes and algo in ("grpo", "rloo") else 0.05
     if getattr(cfg, "kl_estimator", None) == "auto":  # (a caller's cfg may not have it)
         auto["kl_estimator"] = default_kl_estimator(auto.get("kl_in", cfg.kl_in))
     if cfg.reduction == "auto":
+        # the advantage estimator's own (online DPO's loss is a mean over pairs: unused)
         auto["reduction"] = "sequence" if gspo else {
-            "ppo": "token", "reinforce++": "token", "rloo": "budget",
-            "online_dpo": "sequence",  # (its loss is a mean over pairs; the reduction is unused)
-            "grpo": "budget" if norm == "dr" else "sequence"}[algo]
+            "grpo": "sequence", "dr_grpo": "budget", "rloo": "budget",
+            "preference": "sequence"}.get(adv, "token")
     elif gspo and cfg.reduction != "sequence":
         raise ValueError(f"--ratio sequence (GSPO) has its own reduction, a mean over responses; "
                          f"drop --reduction {cfg.reduction} (or pass --reduction sequence)")
@@ -130,9 +137,10 @@ def resolve_auto_options(cfg):
                          f"docs/offpolicy.md); use --offpolicy gspo or clip (the ratio against "
                          f"the sampler), or --ratio token")
     cfg = dataclasses.replace(cfg, **auto) if auto else cfg
-    if algo == "grpo" and norm == "grpo" and cfg.kl_in == "reward":
-        raise ValueError("--grpo_norm grpo divides by the group's reward std: with the KL in "
-                         "the reward, a group of equal scores would get its KL noise scaled to "
+    if std and cfg.kl_in == "reward":
+        raise ValueError("--grpo_norm grpo (GRPO's advantages) divides by the group's reward "
+                         "std: with the KL in the reward, a group of equal scores would get its "
+                         "KL noise scaled to "
                          "+-1 advantages; use --kl_in loss (the paper's pairing, the default "
                          "with --grpo_norm grpo) or --grpo_norm dr")
     return cfg
@@ -175,6 +183,7 @@ class PPOTrainer:
         self.cfg, self.actor, self.ref, self.reward_fn = cfg, actor, ref, reward_fn
         # the entry of each role of losses.py this run uses (advantages, policy loss, ...)
         self.spec = spec_of(cfg)
+        self.rollout_figures = ROLLOUT_FIGURES.get(self.spec.advantages, no_rollout_figures)
         self.critic, self.value_head = critic, value_head
         self.eos_id, self.pad_id = eos_id, pad_id
         # a PAD of its own is never sampled, so its probability is 0 in the log-probs too
@@ -393,8 +402,7 @@ class PPOTrainer:
         `placed` (B, N) the rewards where they land; `raw` (B,) the reward before clipping; `ended`
         (B,) whether each ended with EOS; `group_keys` what each row started from."""
         cfg = self.cfg
-        seqs, attn = out.sequences, out.attention_mask
-        T = out.prompt_len
+        seqs, attn, T = out.sequences, out.attention_mask, out.prompt_len
         # score score_batch_size rows at a time (default: minibatch_size), not the whole batch
         parts = []
         rows_per_pass = cfg.score_batch_size or cfg.minibatch_size
@@ -434,8 +442,8 @@ class PPOTrainer:
                  "eos_rate": ended.float().mean().item(),
                  "t_generate": t_generate, "t_score": time.time() - t_scored, **mismatch}
         # the advantage entry's own figures (gae: the critic's explained variance)
-        stats.update(ROLLOUT_FIGURES[self.spec.advantages](scores, values, returns, action_mask,
-                                                           group_keys, self.spec, for_update))
+        stats.update(self.rollout_figures(scores, values, returns, action_mask, group_keys,
+                                          self.spec, for_update))
         return exp, stats
 
     def against_sampler(self, logprobs, sampler_logprobs, action_mask):
@@ -464,24 +472,21 @@ class PPOTrainer:
 
     def learn(self, generator=None) -> dict:
         """ppo_epochs over the replay buffer, then clear it; each minibatch one optimizer step.
-        The figures are means over every minibatch whose loss was computed (the one that stopped the
-        update included); `minibatch_steps` counts the steps, `early_stop_kl` is the approx-KL that
-        stopped the update (0 when none did)."""
+        The figures: means over every minibatch whose loss was computed (the stopping one too);
+        `minibatch_steps` counts the steps, `early_stop_kl` is the approx-KL that stopped it."""
         cfg = self.cfg
         t0 = time.time()
         totals, counts, steps, stop_kl = {}, {}, 0, 0.0
-        self.first_minibatch = None  # (the rows watch.largest_logratio looks at afterwards)
-        for epoch in range(cfg.ppo_epochs):
-            for mb in self.buffer.minibatches(cfg.minibatch_size, generator, self.unit):
-                if self.first_minibatch is None:
-                    self.first_minibatch = mb
-                figures, stepped, stop_kl = self._learn_minibatch(mb, generator)
-                for k, v in figures.items():  # summed as tensors: no host sync per figure
-                    totals[k] = totals.get(k, 0.0) + v.detach().float()
-                    counts[k] = counts.get(k, 0) + 1  # (a stopped minibatch has no vf_loss)
-                steps += stepped
-                if stop_kl:
-                    break
+        self.first_minibatch = None  # (the rows watch.largest_logratio reads after the update)
+        epochs = (mb for _ in range(cfg.ppo_epochs)  # each epoch: the buffer shuffled anew
+                  for mb in self.buffer.minibatches(cfg.minibatch_size, generator, self.unit))
+        for mb in epochs:
+            self.first_minibatch = self.first_minibatch or mb
+            figures, stepped, stop_kl = self._learn_minibatch(mb, generator)
+            for k, v in figures.items():  # summed as tensors: no host sync per figure
+                totals[k] = totals.get(k, 0.0) + v.detach().float()
+                counts[k] = counts.get(k, 0) + 1  # (a stopped minibatch has no vf_loss)
+            steps += stepped
             if stop_kl:
                 break
         self.buffer.clear()  # (dynamic sampling may have kept nothing: no minibatch at all)

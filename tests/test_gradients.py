@@ -225,6 +225,9 @@ def reference_update(row, table, behind, world):
     if spec.policy_loss == "kl_cov":  # no clip; coef x |log ratio| on the chosen tokens
         log_ratio = logp.detach() - old
         coef = share * (adv * log_ratio.exp() - spec.kl_cov_coef * torch.sign(log_ratio) * chosen)
+    elif spec.policy_loss == "cispo":  # the ratio clipped, a constant: no token loses its gradient
+        ratio = torch.exp(logp.detach() - old)
+        coef = share * adv * ratio.clamp(1 - spec.clip_range, 1 + spec.clip_high)
     elif spec.policy_loss in ("token", "clip_cov"):
         if spec.policy_loss == "clip_cov":  # the chosen tokens learn nothing from the surrogate
             adv = adv * (1 - chosen)

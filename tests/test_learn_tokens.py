@@ -119,3 +119,50 @@ def test_negative_keeps_the_tokens_of_responses_whose_score_is_below_their_group
         dataclasses.replace(spec, kl_estimator="k1", learn_tokens="negative"), kl_coef=1.0,
         entropy=torch.ones_like(mask))
     torch.testing.assert_close(learned, advantages * kept)
+
+
+def test_every_entry_of_every_loss_table_is_reachable_from_the_command_line(monkeypatch):
+    """Each entry of each role's table is some command line's entry: a run checked by the
+    script (check_config) holds it in its LossSpec. Then a new entry of POLICY_LOSSES or
+    ADVANTAGES, added to its table and nowhere else, is reachable as well."""
+    from mingpt_rlhf import losses
+    from mingpt_rlhf.machinery.cli import parse_config
+
+    def reachable(role, entry):
+        for algo in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo"):
+            argv = ["--algo", algo, f"--{role}", entry]
+            try:
+                cfg = parse_config(train_ppo.Config, argv)
+                train_ppo.check_config(cfg)
+            except Exception:
+                continue
+            if getattr(spec_of(cfg), role) == entry:
+                return True
+        return False
+    for role, table in losses.TABLES.items():
+        for entry in table:
+            assert reachable(role, entry), f"--{role} {entry} reaches no run"
+    monkeypatch.setitem(losses.POLICY_LOSSES, "mine", losses.POLICY_LOSSES["token"])
+    monkeypatch.setitem(losses.ADVANTAGES, "mine", losses.ADVANTAGES["reinforce++"])
+    assert reachable("policy_loss", "mine") and reachable("advantages", "mine")
+
+
+def test_no_derived_field_shadows_an_option_of_the_same_name():
+    """A LossSpec field that the method derives (DERIVED_FIELDS) and that is also an option
+    takes the option's value when it is given: an option named like a derived field is never
+    silently overridden."""
+    from mingpt_rlhf import losses
+    options = {f.name for f in dataclasses.fields(train_ppo.Config)}
+    shadowing = [name for name in DERIVED_FIELDS if name in options]
+    assert set(shadowing) >= {"advantages", "policy_loss", "kl_in", "kl_estimator"}
+    contexts = {"advantages": {"rloo": "rloo", "grpo": "grpo", "dr_grpo": "grpo", "gae": "ppo",
+                               "reinforce++": "reinforce++", "preference": "online_dpo"},
+                "policy_loss": {"token": "grpo", "sequence": "grpo", "clip_cov": "grpo",
+                                "kl_cov": "grpo", "dpo": "online_dpo"}}
+    for name in shadowing:
+        for entry in losses.TABLES[name]:
+            algo = contexts.get(name, {}).get(entry, "grpo")
+            cfg = train_ppo.Config(algo=algo, **{name: entry})
+            if name == "advantages" and entry == "grpo":
+                cfg.kl_in = "loss"
+            assert getattr(spec_of(cfg), name) == entry, (name, entry)

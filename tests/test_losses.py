@@ -12,7 +12,7 @@ import torch
 import train_ppo
 from mingpt_rlhf.machinery.cli import build_parser
 from mingpt_rlhf.machinery.errors import UserError
-from mingpt_rlhf.losses import KL_ESTIMATORS, spec_of
+from mingpt_rlhf.losses import KL_ESTIMATORS, LossSpec, spec_of
 from mingpt_rlhf.ppo import reduce_tokens
 from mingpt_rlhf.ppo_trainer import resolve_auto_options
 from test_ppo_trainer import Cfg, make_trainer, prompts
@@ -102,7 +102,7 @@ def test_the_defaults_per_algorithm_are_those_before_the_table():
 def test_kl_estimator_is_an_option_with_help_and_a_refusal():
     help_text = build_parser(train_ppo.Config).format_help()
     assert "--kl_estimator" in help_text and all(k in help_text for k in KL_ESTIMATORS)
-    with pytest.raises(UserError, match="--kl_estimator must be auto, k1, k2 or k3"):
+    with pytest.raises(UserError, match="--kl_estimator must be one of auto, k1, k2, k3, got 'k4'"):
         train_ppo.check_config(train_ppo.Config(kl_estimator="k4"))
 
 
@@ -182,3 +182,26 @@ def test_gspo_gives_every_token_of_a_response_its_sequence_ratio_over_its_length
     ratio = torch.exp(torch.tensor(0.05))                         # the mean log-ratio's exp
     torch.testing.assert_close(w["weight"], adv * ratio / n * mask)
     torch.testing.assert_close(w["ratio"], ratio * mask)
+
+
+def test_cispo_by_hand():
+    """CISPO's loss is -sg(clip(r)) x A x log pi, reduced like any other; its gradient on each
+    token is -clip(r) x A / tokens, so a token whose ratio passed the clip keeps a gradient
+    (PPO's clip gives it none). Two responses, 3 + 2 real tokens, clip 0.2, token mean."""
+    from mingpt_rlhf.losses import POLICY_LOSSES
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, 0.0]])
+    log_ratio = torch.tensor([[0.5, 0.0, -0.5], [0.1, -0.1, 0.0]])   # ratios e^0.5 = 1.65 ...
+    adv = torch.tensor([[1.0, -1.0, 2.0], [-2.0, 0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    spec = LossSpec(policy_loss="cispo", clip_range=0.2, clip_high=0.2, reduction="token")
+    x = logp.clone().requires_grad_(True)
+    loss, clipfrac = POLICY_LOSSES["cispo"](x, logp - log_ratio, None, adv, mask, spec, 3, None)
+    weight = [[1.2, 1.0, 0.8], [math.exp(0.1), math.exp(-0.1), 0.0]]  # clipped to [0.8, 1.2]
+    expected = -sum(w * a * lp
+                    for rw, ra, rl, rm in zip(weight, adv.tolist(), logp.tolist(), mask.tolist())
+                    for w, a, lp, m in zip(rw, ra, rl, rm) if m) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert clipfrac.item() == pytest.approx(2 / 5)  # the first and third tokens of row 0
+    loss.backward()
+    torch.testing.assert_close(x.grad, -torch.tensor(weight) * adv * mask / 5)
+    assert x.grad[0, 0] != 0  # past the clip, still learning (PPO's would be 0: A > 0, r > 1.2)

@@ -298,6 +298,9 @@ ROWS = [
         _spec(**_RLOO, policy_loss="clip_cov", cov_ratio=0.2, clip_cov_low=0.0), sampler="behind"),
     Row("kl-cov, a fifth of the tokens, coef 1 (rloo)",
         _spec(**_RLOO, policy_loss="kl_cov", cov_ratio=0.2, kl_cov_coef=1.0), sampler="behind"),
+    # CISPO: the clipped ratio as a constant weight of every token's gradient
+    Row("cispo, weight clipped to [0.9, 1.1], a later minibatch (rloo)",
+        _spec(**_RLOO, policy_loss="cispo", clip_range=0.1, clip_high=0.1), sampler="behind"),
     # online DPO: the best and the worst of a group of 2 as a DPO pair, beta = the world's
     Row("online dpo (best vs worst of 2, dpo beta 0.5)",
         _spec(advantages="preference", policy_loss="dpo", kl_in="none", dpo_beta=0.5,

@@ -15,7 +15,7 @@ from .cli import require_non_negative, require_positive
 from ..lab.ensemble import COMBINE_CHOICES
 from .errors import UserError
 from .lora import check_lora_options
-from ..losses import GROUP_ALGOS, LEARN_TOKENS
+from ..losses import GROUP_ALGOS, TABLES
 from ..lab.offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
 from ..ppo_trainer import resolve_auto_options
 
@@ -203,21 +203,13 @@ def check_config(cfg) -> None:
         raise UserError("--tis_cap, --offpolicy and --sampler_lag need the sampler's log-prob of every "
                         "trained token; with "
                         "--mask_env false the environment's tokens have none")
-    if cfg.kl_in not in ("auto", "reward", "loss"):
-        raise UserError(f"--kl_in must be auto, reward or loss, got {cfg.kl_in!r}")
-    if cfg.kl_estimator not in ("auto", "k1", "k2", "k3"):
-        raise UserError(f"--kl_estimator must be auto, k1, k2 or k3, got {cfg.kl_estimator!r}")
-    if cfg.reduction not in ("auto", "token", "sequence", "budget"):
-        raise UserError(f"--reduction must be auto, token, sequence or budget, got {cfg.reduction!r}")
-    if cfg.learn_tokens not in LEARN_TOKENS:
-        raise UserError(f"--learn_tokens must be one of {', '.join(LEARN_TOKENS)}, got "
-                        f"{cfg.learn_tokens!r}")
+    for name, table in TABLES.items():  # each role: an entry of its table in losses.py, or auto
+        allowed = ["auto"] * (default_of(cfg, name) == "auto") + list(table)
+        if getattr(cfg, name) not in allowed:
+            raise UserError(f"--{name} must be one of {', '.join(allowed)}, got "
+                            f"{getattr(cfg, name)!r}")
     if cfg.cov_loss not in ("none", "clip_cov", "kl_cov"):
         raise UserError(f"--cov_loss must be none, clip_cov or kl_cov, got {cfg.cov_loss!r}")
-    if cfg.cov_loss != "none" and cfg.learn_batch_size:
-        raise UserError(f"--cov_loss {cfg.cov_loss} ranks the tokens of the whole minibatch by "
-                        f"their current log-probs, which a slice cannot see: drop "
-                        f"--learn_batch_size")
     if not 0 < cfg.cov_ratio <= 1 or cfg.clip_cov_low > cfg.clip_cov_high or cfg.kl_cov_coef < 0:
         raise UserError(f"need 0 < --cov_ratio <= 1, --clip_cov_low <= --clip_cov_high and "
                         f"--kl_cov_coef >= 0, got {cfg.cov_ratio}, {cfg.clip_cov_low}, "
@@ -244,6 +236,10 @@ def check_config(cfg) -> None:
         raise UserError(str(e)) from None
     for field in dataclasses.fields(cfg):  # every value it resolved, none left behind
         setattr(cfg, field.name, getattr(resolved, field.name))
+    if cfg.cov_loss != "none" and cfg.learn_batch_size:
+        raise UserError(f"--policy_loss {cfg.cov_loss} ranks the tokens of the whole minibatch "
+                        f"by their current log-probs, which a slice cannot see: drop "
+                        f"--learn_batch_size")
     if cfg.ptx_coef < 0:
         raise UserError(f"--ptx_coef must be >= 0 (or -1 for auto), got {cfg.ptx_coef}")
     if cfg.critic == "auto":

@@ -185,7 +185,7 @@ class RunWatch:
         if figures["stuck"] == STUCK_AFTER:
             level = None if self.tied_from_start else self.sft_level
             lines.append(stuck_warning(stats, step, level, self.best))
-        if kl_ctl.at_upper_bound and not self.bound_warned:
+        if kl_ctl.value >= kl_ctl.high and not self.bound_warned:
             self.bound_warned = True
             lines.append(bound_warning(stats, step, kl_ctl))
         if stats["minibatch_steps"] == 0 and not self.idle_warned:
