@@ -2,8 +2,14 @@
 
 Cui et al. find that a policy's entropy falls in one step by about the covariance, over the
 tokens it samples, between a token's log-probability and its advantage: a confident token
-(high log pi) with a positive advantage gets likelier still, and the entropy drops. A few
-tokens of highest covariance carry most of that drop, so they act on those alone:
+(high log pi) with a positive advantage gets likelier still, and the entropy drops. Two forms
+of one law: a step changes the entropy at a prefix by minus the covariance, under the policy,
+of log pi(a) and the change of a's logit. The plain policy gradient of a softmax changes that
+logit by lr x pi(a) x A: the covariance of log pi and pi x A (the form the exact check at the
+end of this file tests). A natural-gradient step changes it by lr x A: the covariance of log
+pi and A. Over tokens sampled from pi, each already counted as often as pi draws it, the
+per-token covariance of log pi and A below estimates the second form, the one the losses use.
+A few tokens of highest covariance carry most of that drop, so they act on those alone:
 
 - **Clip-Cov**: among the tokens whose covariance lies in [low, high] and that PPO's clip has
   not clipped already, a share `cov_ratio` of the minibatch's tokens is chosen at random and
@@ -128,8 +134,10 @@ def kl_cov_loss(logprobs, old_logprobs, ref_logprobs, advantages, action_mask, s
 # and set against the covariance that Cui et al. say drives it. For a softmax at one prefix s,
 # a change dz of its logits changes its entropy by -Cov_{a ~ pi_s}(log pi_s(a), dz_a) to first
 # order; with the exact policy gradient, dz_a = lr x d(s) pi_s(a) A(s, a) (d(s): the chance to
-# reach s), which is their covariance of log pi and pi x A. The token entropy a run logs is a
-# visit-weighted mean over prefixes, whose weights move too; their formula leaves that out.
+# reach s), which is their covariance of log pi and pi x A (a natural-gradient step, dz_a =
+# lr x A(s, a), would give the covariance with A: the module docstring). The token entropy a
+# run logs is a visit-weighted mean over prefixes, whose weights move too; their formula leaves
+# that out.
 
 def prefix_entropies(table):
     """(P,) the entropy of the next-token distribution at each prefix, and (P,) the chance of
