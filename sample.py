@@ -6,6 +6,9 @@
     python sample.py --ckpt_dir out/ppo      # no --prompt, a terminal: one prompt per line
     python sample.py --ckpt_dir out/guess/grpo --env guess --num_samples 3   # 3 whole episodes
     python sample.py --ckpt_dir out/guess/grpo --play_env   # you are the environment
+    python sample.py --ckpt_dir out/ppo --prompts prompts.jsonl --num_samples 4 --out teacher.jsonl
+        # the responses as demonstrations: python train_sft.py --data teacher.jsonl (distillation
+        # from a teacher's samples, off-policy; docs/distill.md)
 
 Any checkpoint a policy stage writes works: SFT, PPO, GRPO, RLOO, DPO (LoRA runs save merged
 weights). A reward model's checkpoint is not a policy and is refused. `--compare DIR` samples a
@@ -58,6 +61,10 @@ class Config:
     max_turns: int = opt(8, "with --env or --play_env: most policy turns per episode")
     play_env: bool = opt(False, "you play the environment: type the opening and each reply "
                                 "(an empty line ends the episode)")
+    out: str = opt("", "also write --ckpt_dir's responses as demonstrations to this JSONL file, "
+                       "one {\"prompt\", \"response\"} line each, EOS left out, which train_sft.py "
+                       "--data reads (with --prompt or --prompts; responses cut off at "
+                       "--max_new_tokens without EOS are left out, and counted)")
 
 
 def load_sampler(folder: str, device, flag: str):
@@ -78,6 +85,8 @@ def check_config(cfg: Config) -> None:
     if cfg.env and cfg.play_env:
         raise UserError("pass --env (an environment plays its part) or --play_env (you do), "
                         "not both")
+    if cfg.out and not (cfg.prompt or cfg.prompts):
+        raise UserError("--out writes the answers to --prompt or --prompts: pass one of them")
 
 
 class Answerer:
@@ -111,6 +120,7 @@ class Answerer:
                                     f"{policy.config.block_size} of {name}; shorten either")
         repeated = [p for p in prompts for _ in range(cfg.num_samples)]
         rows = [{"prompt": p} for p in repeated]
+        self.demonstrations = []  # --ckpt_dir's responses that ended with EOS, EOS left out
         for name, policy, tokenizer in self.policies:
             generator = torch.Generator(next(policy.parameters()).device).manual_seed(cfg.seed)
             texts, scores = [], []
@@ -118,6 +128,8 @@ class Answerer:
                                         temperature=cfg.temperature, top_k=cfg.top_k or None,
                                         top_p=cfg.top_p if cfg.top_p < 1 else None,
                                         generator=generator):
+                if name == cfg.ckpt_dir:
+                    self.demonstrations += demonstrations_of(tokenizer, out)
                 texts += response_texts(tokenizer, out)
                 if self.rm is not None:
                     with torch.no_grad():
@@ -139,6 +151,35 @@ class Answerer:
                 figures = "".join(f"  {k} {entry[k]:+.3f}" for k in ("rm_score", "gold") if k in entry)
                 label = f"{name}: " if len(self.policies) > 1 else ""
                 print(f"  {label}{entry['response']}{figures}", file=out)
+
+
+def demonstrations_of(tokenizer, out) -> list[str | None]:
+    """Each row's response as a demonstration's text: its tokens up to EOS, EOS left out (SFT
+    appends its own); None for a response cut off without EOS (as a demonstration it would
+    teach to stop where it was cut)."""
+    T = out.prompt_len
+    rows = []
+    for ids, keep in zip(out.sequences[:, T:].tolist(), out.action_mask[:, T:].tolist()):
+        tokens = [t for t, k in zip(ids, keep) if k]
+        ended = bool(tokens) and tokens[-1] == tokenizer.eos_id
+        rows.append(tokenizer.decode(tokens[:-1]) if ended else None)
+    return rows
+
+
+def write_demonstrations(path: str, prompts: list[str], responses: list[str | None], out) -> None:
+    """The {"prompt", "response"} lines of the responses that ended, written atomically."""
+    import json
+    import os
+    kept = [(p, r) for p, r in zip(prompts, responses) if r is not None]
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in kept)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e}); pass another --out") from None
+    print(f"wrote {len(kept)} demonstrations to {path} ({len(responses) - len(kept)} cut off at "
+          f"--max_new_tokens without EOS, left out)", file=out)
 
 
 def person_as_environment(stdin, out):
@@ -201,6 +242,8 @@ def main(cfg: Config, stdin=None, out=None):
     if prompts is not None:
         rows = answerer.answer(prompts)
         answerer.show(rows, out)
+        if cfg.out:
+            write_demonstrations(cfg.out, [r["prompt"] for r in rows], answerer.demonstrations, out)
         return rows
     # no prompt given: one prompt per line from stdin (a terminal or a pipe); empty line or EOF ends
     interactive = stdin.isatty()

@@ -30,6 +30,7 @@ from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, 
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
 from mingpt_rlhf.machinery.distributed import rank as process_rank
+from mingpt_rlhf.methods.distill import NoScore, load_teacher
 from mingpt_rlhf.methods.episodes import EnvironmentReward, EpisodeSeeds, EpisodeSource, load_env
 from mingpt_rlhf.lab.ensemble import EnsembleReward, RewardEnsemble, load_reward
 from mingpt_rlhf.machinery.errors import UserError
@@ -79,6 +80,7 @@ REFINEMENTS = ("refinements: GSPO's ratio, DAPO's clip-higher, overlong shaping,
                "sampling, which tokens learn")
 OFF_POLICY = "a sampler behind the learner: its lag and the off-policy corrections"
 EPISODES = "multi-turn: episodes with an environment (--env)"
+DISTILL = "on-policy distillation (--algo distill): a teacher grades every token the student samples"
 ENSEMBLES = "reward-model ensembles (train_rm.py --ensemble K)"
 HACKING = "reward hacking: a held-out reward model and the warning signals"
 
@@ -107,7 +109,9 @@ class Config:
                            "rloo (leave-one-out baseline, no critic) | reinforce++ (PPO's "
                            "per-token KL rewards, no critic, returns normalised over the "
                            "whole batch) | online_dpo (DPO's loss on the best and worst of "
-                           "each group the policy samples, no critic; mingpt_rlhf/methods/online_dpo.py); "
+                           "each group the policy samples, no critic; mingpt_rlhf/methods/online_dpo.py) | "
+                           "distill (on-policy distillation: the reward is -(log pi - log "
+                           "pi_teacher) per token, --teacher_dir; mingpt_rlhf/methods/distill.py); "
                            "see docs/methods.md and mingpt_rlhf/lab/refinements.py")
     critic: str = opt("auto", "ppo: separate (own trunk: from the RM, or from the policy "
                               "without one) | shared (a value head on the actor, from zero) | "
@@ -315,6 +319,14 @@ class Config:
     mask_env: bool = opt(True, "with --env: keep the environment's tokens out of every loss, "
                                "KL and token mean (false only to see what the mask is for)",
                          group=EPISODES)
+    teacher_dir: str = opt("", "distill: the teacher policy's folder (a PPO, GRPO, SFT or DPO run of "
+                               "the student's tokenizer; not a reward model), loaded as a model of "
+                               "its own in the reference's place", group=DISTILL)
+    distill_form: str = opt("sequence", "distill: sequence (each response's summed reward with "
+                                        "RLOO's group baseline: the gradient of the reverse KL of "
+                                        "whole responses) | token (each token's own reward, no "
+                                        "baseline: the per-prefix reverse KL, as Thinking "
+                                        "Machines' write-up)", group=DISTILL)
     ensemble_combine: str = opt("mean", "with an ensemble in --rm_dir (train_rm.py --ensemble "
                                         "K): how the members' normalised scores make one "
                                         "reward: mean | wco (their minimum) | uwo (their mean "
@@ -399,6 +411,8 @@ def load_models(cfg: Config, device, dtype):
         ref = None  # the actor with its adapters switched off: no second copy of the model
     else:  # read again, frozen: pages of the SFT checkpoint rather than a copy of the actor
         ref = load_policy(cfg.sft_dir, cfg.init_from, frozen=True)[0].to(device)
+    if cfg.algo == "distill":  # the teacher in the reference's place (methods/distill.py)
+        ref = load_teacher(cfg, tokenizer, device)
     if rm is not None:
         rm = rm.to(device)
     critic = value_head = None
@@ -511,6 +525,8 @@ def reward_of(cfg: Config, rm, task, tokenizer, rows: int, device, dtype):
         return EnvironmentReward()  # each step of the environment gives its reward
     if cfg.reward == "task":
         return task_reward(task, tokenizer)
+    if cfg.reward == "teacher":  # distillation: the teacher's log-probs are the whole reward
+        return NoScore()
     if cfg.reward != "rm":
         return TextReward(*load_function(cfg.reward), tokenizer)
     # an ensemble's reward also keeps its members' disagreement (ens_std)
@@ -733,6 +749,7 @@ def set_up(cfg: Config) -> Run:
                           device, dtype)
     score_name = "rm_score" if cfg.reward == "rm" else "reward"  # what the logs call it
     kl_ctl = (FixedKLController(0.0) if cfg.algo == "online_dpo"  # its KL: DPO's beta, in the loss
+              else FixedKLController(1.0) if cfg.algo == "distill"  # -(log pi - log teacher)
               else AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
               else FixedKLController(cfg.kl_coef))
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
@@ -821,6 +838,8 @@ def run_line(cfg: Config, actor, source, device, dtype, beta: float, lr_changes=
               f"{cfg.algo}, groups of {cfg.group_size}")
     method += (f", DPO's {cfg.dpo_loss} loss, beta {cfg.dpo_beta}, best vs worst of each group"
                if cfg.algo == "online_dpo" else
+               f", the reward -(log pi - log pi_teacher) per token, the teacher {cfg.teacher_dir} "
+               f"({cfg.distill_form} form)" if cfg.algo == "distill" else
                f", KL {cfg.kl_estimator} in the {cfg.kl_in}, beta {beta:.4g}"
                f"{' (adaptive)' if cfg.adaptive_kl else ''}")
     # each role of losses.py whose entry is not PPO's (the KL's were said above)

@@ -20,6 +20,7 @@ import torch
 
 from .methods.critic_free import group_advantages, k3_kl, leave_one_out_advantages, zero_group_fraction
 from .machinery.distributed import gather, is_distributed, tokens_per_rank
+from .methods.distill import per_token_advantages
 from .methods.online_dpo import learn_pairs, pair_loss, preference_signs, preferred_pairs
 from .ppo import (REDUCTIONS, approx_kl, explained_variance, gae, kl_shaped_rewards, masked_mean,
                   masked_whiten, penalize_missing_eos, policy_loss, reduce_tokens)
@@ -57,7 +58,7 @@ def default_kl_estimator(kl_in: str) -> str:
 
 
 # the algorithms that sample a group of responses per prompt (rows g*k .. g*k + k - 1)
-GROUP_ALGOS = ("grpo", "rloo", "online_dpo")
+GROUP_ALGOS = ("grpo", "rloo", "online_dpo", "distill")
 
 
 def spec_of(cfg) -> LossSpec:
@@ -77,6 +78,8 @@ def advantages_of(cfg) -> str:
         return cfg.advantages
     if cfg.algo == "grpo":
         return "grpo" if getattr(cfg, "grpo_norm", "dr") == "grpo" else "dr_grpo"
+    if cfg.algo == "distill":
+        return "distill" if getattr(cfg, "distill_form", "sequence") == "sequence" else "distill_token"
     return {"ppo": "gae", "online_dpo": "preference"}.get(cfg.algo, cfg.algo)
 
 
@@ -101,14 +104,16 @@ def check_roles(cfg) -> None:
     for a group's baseline (grpo, rloo), online DPO's pairs for preference and dpo, one
     advantage per response for GSPO's sequence ratio (grpo, rloo). Any other advantage entry
     (reinforce++, yours) runs with --algo ppo, whose critic's values it is given, or
-    reinforce++; any other policy loss is read as token is."""
+    reinforce++; distillation's with --algo distill (whose groups distill's baseline needs);
+    any other policy loss is read as token is."""
     algo = cfg.algo
     adv, loss = advantages_of(cfg), policy_loss_of(cfg)
     if adv not in ADVANTAGES or loss not in POLICY_LOSSES:
         return  # (check_config names the valid values)
     if getattr(cfg, "advantages", "auto") != "auto":
-        needs = ("ppo",) if adv == "gae" else ("online_dpo",) if adv == "preference" else \
-            ("grpo", "rloo") if adv in GROUP_BASELINES else ("ppo", "reinforce++")
+        own = {"gae": ("ppo",), "preference": ("online_dpo",), "distill": ("distill",),
+               "distill_token": ("distill",)}
+        needs = own.get(adv, ("grpo", "rloo") if adv in GROUP_BASELINES else ("ppo", "reinforce++"))
         if algo not in needs:
             raise ValueError(f"--advantages {adv} needs --algo {' or '.join(needs)}, not {algo} "
                              f"(a critic for gae, groups for a group's baseline, pairs for "
@@ -118,6 +123,8 @@ def check_roles(cfg) -> None:
                              f"others: pass one of the two")
     elif algo == "online_dpo" and adv != "preference":
         raise ValueError("online_dpo learns from preference pairs: drop --advantages")
+    elif algo == "distill" and adv not in ("distill", "distill_token"):
+        raise ValueError("distill's advantages are its --distill_form's: drop --advantages")
     if getattr(cfg, "policy_loss", "auto") != "auto":
         older = {"--cov_loss": (getattr(cfg, "cov_loss", "none"), lambda v: v == "none" or v == loss),
                  "--ratio": (getattr(cfg, "ratio", "token"), lambda v: v == "token" or loss == "sequence"),
@@ -146,7 +153,8 @@ DERIVED_FIELDS = {
     "advantages": advantages_of,
     "policy_loss": policy_loss_of,
     # online DPO's KL to the reference is its beta, inside its loss: no KL term anywhere
-    "kl_in": lambda cfg: "none" if cfg.algo == "online_dpo" else cfg.kl_in,
+    "kl_in": lambda cfg: ("none" if cfg.algo == "online_dpo" else  # distill: k1 to the teacher
+                          "reward" if cfg.algo == "distill" else cfg.kl_in),
     "kl_estimator": lambda cfg: (default_kl_estimator(cfg.kl_in)
                                  if getattr(cfg, "kl_estimator", "auto") == "auto"
                                  else cfg.kl_estimator),
@@ -173,6 +181,7 @@ GROUP_BASELINES = {
     "dr_grpo": lambda scores, k: group_advantages(scores, k, normalise_std=False),
     "rloo": leave_one_out_advantages,
     "preference": preference_signs,
+    "distill": leave_one_out_advantages,  # on-policy distillation's sequence form (RLOO's baseline)
 }
 
 
@@ -190,7 +199,9 @@ def _grouped(name):
 
 
 ADVANTAGES = {"gae": _gae, "reinforce++": _reinforce_pp,
-              **{name: _grouped(name) for name in GROUP_BASELINES}}
+              **{name: _grouped(name) for name in GROUP_BASELINES},
+              # on-policy distillation's per-token form: each token's own teacher-graded reward
+              "distill_token": per_token_advantages}
 
 # ----------------------------------------------------------------------------- KL, losses
 KL_ESTIMATORS = {
@@ -354,7 +365,9 @@ def no_rollout_figures(*args) -> dict:
 
 # what an entry of ADVANTAGES adds to a rollout's figures, f(scores (B,), values, returns,
 # action_mask, keys, spec, for_update) -> dict (an entry without a row: no_rollout_figures)
-ROLLOUT_FIGURES = {"gae": _critic_figures, **{name: _group_figures for name in GROUP_BASELINES}}
+# (distillation's scores are all 0: its signal is the teacher's KL, which ties no group)
+ROLLOUT_FIGURES = {"gae": _critic_figures, **{name: _group_figures for name in GROUP_BASELINES
+                                              if name != "distill"}}
 
 
 # ----------------------------------------------------------------------------- scores
@@ -367,7 +380,10 @@ SCORE_SHAPING = {"missing_eos": penalize_missing_eos,
 
 
 def score_shaping_of(cfg) -> str:
-    """The run's entry of SCORE_SHAPING: --overlong_buffer, else --penalize_missing_eos."""
+    """The run's entry of SCORE_SHAPING: --overlong_buffer, else --penalize_missing_eos; none
+    for distillation, whose reward is the teacher's alone."""
+    if cfg.algo == "distill":
+        return "none"
     if getattr(cfg, "overlong_buffer", 0) > 0:
         return "overlong"
     return "missing_eos" if getattr(cfg, "penalize_missing_eos", True) else "none"

@@ -84,6 +84,8 @@ def resolve_auto_options(cfg):
       the larger pull towards the reference keeps both moves sampled long enough to learn it
       (docs/multiturn.md measured both);
     - kl_estimator "auto": k3 with the KL in the loss (the GRPO paper's), k1 in the reward;
+    - distill: the KL (to the teacher) in the reward, k1 (its beta of 1 is the script's
+      controller: methods/distill.py), actor_lr 1e-4;
     - advantages and policy_loss "auto": the method's entries (losses.advantages_of,
       losses.policy_loss_of; --offpolicy gspo: GSPO's ratio, taken against the sampler), and
       --ratio and --cov_loss set to agree with the policy loss (losses.aliases_of);
@@ -110,7 +112,8 @@ def resolve_auto_options(cfg):
     roles = {"advantages": adv, "policy_loss": loss, **aliases_of(loss)}
     auto = {name: value for name, value in roles.items() if hasattr(cfg, name)}
     if cfg.actor_lr == -1:
-        auto["actor_lr"] = 1e-4 if episodes or getattr(cfg, "reward", "rm") == "task" else 5e-5
+        dense = episodes or algo == "distill" or getattr(cfg, "reward", "rm") == "task"
+        auto["actor_lr"] = 1e-4 if dense else 5e-5
     if cfg.ptx_coef == -1:  # episodes have no demonstrations of the task's kind to mix in
         auto["ptx_coef"] = 0.02 if algo == "ppo" and not episodes else 0.0
     if cfg.kl_in == "auto":
@@ -123,8 +126,8 @@ def resolve_auto_options(cfg):
     if cfg.reduction == "auto":
         # the advantage estimator's own (online DPO's loss is a mean over pairs: unused)
         auto["reduction"] = "sequence" if gspo else {
-            "grpo": "sequence", "dr_grpo": "budget", "rloo": "budget",
-            "preference": "sequence"}.get(adv, "token")
+            "grpo": "sequence", "dr_grpo": "budget", "rloo": "budget", "preference": "sequence",
+            "distill": "budget", "distill_token": "budget"}.get(adv, "token")
     elif gspo and cfg.reduction != "sequence":
         raise ValueError(f"--ratio sequence (GSPO) has its own reduction, a mean over responses; "
                          f"drop --reduction {cfg.reduction} (or pass --reduction sequence)")
@@ -136,6 +139,8 @@ def resolve_auto_options(cfg):
                          f"tokens' weights, which is not its importance weight (their product, "
                          f"docs/offpolicy.md); use --offpolicy gspo or clip (the ratio against "
                          f"the sampler), or --ratio token")
+    if algo == "distill":  # the teacher's log-probs, k1 in the reward (at beta 1), are the reward
+        auto.update({"kl_in": "reward", **({"kl_estimator": "k1"} if hasattr(cfg, "kl_estimator") else {})})
     cfg = dataclasses.replace(cfg, **auto) if auto else cfg
     if std and cfg.kl_in == "reward":
         raise ValueError("--grpo_norm grpo (GRPO's advantages) divides by the group's reward "

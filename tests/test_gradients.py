@@ -9,7 +9,7 @@ import torch
 
 from mingpt_rlhf.lab.gradients import (FOLLOWS, ROWS, arbitrary_values, evaluation_point,
                                        exact_ascent, expected_update, local_kl_gradient,
-                                       semi_gradient)
+                                       semi_gradient, world_of)
 from mingpt_rlhf.logprobs import sequence_logprobs
 from mingpt_rlhf.losses import GROUP_BASELINES, TABLES
 from mingpt_rlhf.lab.offpolicy import OFFPOLICY
@@ -120,6 +120,7 @@ def reference_update(row, table, behind, world):
     of responses, each token's weight in the update (what multiplies grad log pi of the
     token: advantage, ratio and clip indicator, importance weight, normaliser, the KL term's
     share), and the entropy bonus's gradient, summed with the batch's probability."""
+    world = world_of(row, world)  # distillation's rows: the teacher's world
     spec, n, beta = row.spec, row.batch, world.beta
     theta = table.detach().clone().requires_grad_(True)
     learner = token_logprobs(theta)
@@ -159,10 +160,13 @@ def reference_update(row, table, behind, world):
         coef = torch.stack([pull * better, -pull * better], -1)[..., None] * mask
         (grad,) = torch.autograd.grad((prob[:, None, None] * coef * logp).sum(), theta)
         return grad
-    if spec.advantages in ("rloo", "dr_grpo", "grpo"):
+    if spec.advantages == "distill_token":  # each token's own reward: gamma 0, no baseline
+        adv = R * mask
+    elif spec.advantages in ("rloo", "dr_grpo", "grpo", "distill"):
         total = R.sum(-1)                                              # (G, n)
         mean = total.mean(-1, keepdim=True)
-        adv = {"rloo": total - (total.sum(-1, keepdim=True) - total) / (n - 1),
+        loo = total - (total.sum(-1, keepdim=True) - total) / (n - 1)
+        adv = {"rloo": loo, "distill": loo,
                "dr_grpo": total - mean,
                "grpo": (total - mean) / (total.std(-1, keepdim=True) + 1e-4)}[spec.advantages]
         adv = adv[..., None] * mask
@@ -279,7 +283,7 @@ def test_a_row_with_a_closed_form_follows_it(row):
     """grad J itself (times the row's normaliser) for the unbiased rows; for the biased
     ones, the gradient of what they follow instead, derived in the functions of FOLLOWS."""
     update = expected_update(row, TABLE, WORLD, behind=BEHIND)
-    torch.testing.assert_close(update, row.scale * FOLLOWS[row.follows](TABLE, WORLD),
+    torch.testing.assert_close(update, row.scale * FOLLOWS[row.follows](TABLE, world_of(row, WORLD)),
                                rtol=0, atol=1e-14)
 
 
@@ -308,6 +312,18 @@ def test_the_unbiased_rows_stop_at_pi_star_and_k1_in_the_loss_does_not_stop():
     end, steps, norm, _ = exact_ascent(row, WORLD, lr=6.0, steps=8)
     star = optimal_policy(WORLD)
     assert norm > 1e-3 and kl(end, WORLD.ref).item() > 2 * kl(star, WORLD.ref).item()
+
+
+def test_both_forms_of_distillation_end_at_the_teacher():
+    """On-policy distillation's two rows, followed exactly from the task's reference (the
+    student's start, 0.79 nats from the teacher): both stop at the teacher itself, the task's
+    pi* (the sequence form along grad -KL(pi || teacher), the token form along the per-prefix
+    KL with the visits held fixed: another path, the same end)."""
+    teacher = optimal_policy(WORLD)
+    assert kl(WORLD.ref, teacher).item() > 0.5
+    for row in (r for r in ROWS if r.world == "teacher"):
+        end, steps, norm, outcome = exact_ascent(row, WORLD, lr=3.0, steps=60)
+        assert outcome == "fixed point" and kl(end, teacher).item() < 1e-12, row.name
 
 
 # ----------------------------------------------------------------------------- DPO, IPO, the RM

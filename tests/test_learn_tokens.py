@@ -129,8 +129,9 @@ def test_every_entry_of_every_loss_table_is_reachable_from_the_command_line(monk
     from mingpt_rlhf.machinery.cli import parse_config
 
     def reachable(role, entry):
-        for algo in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo"):
-            argv = ["--algo", algo, f"--{role}", entry]
+        for algo in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo", "distill"):
+            teacher = ["--teacher_dir", "out/ppo"] if algo == "distill" else []
+            argv = ["--algo", algo, *teacher, f"--{role}", entry]
             try:
                 cfg = parse_config(train_ppo.Config, argv)
                 train_ppo.check_config(cfg)

@@ -52,6 +52,8 @@ EXAMPLES = {
     "generate_batch_size": (4, [{"env": "guess"}], {}),
     "max_turns": (4, [{}], {"env": "guess"}),
     "mask_env": (False, [{}], {"env": "guess"}),
+    "teacher_dir": ("out/ppo", [{}, {"algo": "grpo"}], {"algo": "distill"}),
+    "distill_form": ("token", [{}, ONLINE_DPO], {"algo": "distill", "teacher_dir": "out/ppo"}),
     "ptx_data": ("demos.jsonl", [{"algo": "grpo"}, {"env": "guess"}, {"ptx_coef": 0.0}], {}),
     "reward_clip": (2.0, [{"reward": "task"}, {"env": "guess"}], {}),
     "ensemble_combine": ("wco", [{"reward": "task"}], {}),

@@ -64,6 +64,18 @@ class Row:
     whiten: bool = True
     follows: str | None = None   # the closed form (FOLLOWS) its update equals, times `scale`
     scale: float = 1.0
+    world: str = "task"          # "teacher": on-policy distillation's world (`world_of`)
+
+
+def world_of(row: Row, world: World) -> World:
+    """The world a row learns in: the task's, or for distillation (row.world "teacher") the
+    teacher in the reference's place, no reward and beta 1, so that J = -KL(pi || teacher).
+    The teacher is the task's pi*, the policy the task's KL-regularised RL would reach; the
+    student still starts from the task's reference. (The teacher world's own pi* is the
+    teacher: applied twice, this gives the same world.)"""
+    if row.world != "teacher":
+        return world
+    return World(optimal_policy(world), torch.zeros_like(world.reward), 1.0)
 
 
 def _prefix_values(sampler_logp, rewards, action_mask):
@@ -103,7 +115,7 @@ def expected_update(row: Row, table: torch.Tensor, world: World,
     (the KL penalty, the advantages, TIS weights) on the sampler's numbers, then
     `actor_loss` on the learner's log-probs. Log-probs come from the package's
     `sequence_logprobs` on the tabular policy, as the trainer computes them."""
-    spec = row.spec
+    spec, world = row.spec, world_of(row, world)
     sequences, attention_mask, action_mask = response_batch()
     theta = table.detach().clone().requires_grad_(True)
 
@@ -298,6 +310,14 @@ ROWS = [
         _spec(**_RLOO, policy_loss="clip_cov", cov_ratio=0.2, clip_cov_low=0.0), sampler="behind"),
     Row("kl-cov, a fifth of the tokens, coef 1 (rloo)",
         _spec(**_RLOO, policy_loss="kl_cov", cov_ratio=0.2, kl_cov_coef=1.0), sampler="behind"),
+    # on-policy distillation (methods/distill.py): the teacher in the reference's place, no
+    # score, beta 1; J = -KL(pi || teacher)
+    Row("distill, sequence form (rloo's baseline): reverse KL of whole responses",
+        _spec(advantages="distill", reduction="budget"), world="teacher", follows="grad J",
+        scale=1 / MAX_LEN),
+    Row("distill, token form (each token's own reward)",
+        _spec(advantages="distill_token", reduction="budget"), world="teacher",
+        follows="grad E[r] - beta x local KL(pi || ref)", scale=1 / MAX_LEN),
     # CISPO: the clipped ratio as a constant weight of every token's gradient
     Row("cispo, weight clipped to [0.9, 1.1], a later minibatch (rloo)",
         _spec(**_RLOO, policy_loss="cispo", clip_range=0.1, clip_high=0.1), sampler="behind"),
@@ -354,8 +374,8 @@ class Ascent(NamedTuple):
 
 def exact_ascent(row: Row, world: World, lr: float = 1.0, steps: int = 600,
                  tol: float = 1e-10) -> Ascent:
-    """Follow the row's expected update (in its natural form, step `lr`) from the reference
-    until it stops moving. A row whose sampler lags uses the previous iterate as the policy
+    """Follow the row's expected update (in its natural form, step `lr`) from the task
+    world's reference (a distillation row's student starts there too) until it stops moving. A row whose sampler lags uses the previous iterate as the policy
     behind. No entry of the table moves by more than 1 per step.
 
     Outcomes: "fixed point", the update's norm fell below `tol`; "circles", the step had to
@@ -366,6 +386,7 @@ def exact_ascent(row: Row, world: World, lr: float = 1.0, steps: int = 600,
     on, towards a policy that puts no mass on some tokens); "runs away", a penalty on such
     a token grew past float64 (the table returned is the last finite one)."""
     table = behind = world.ref.clone()
+    world = world_of(row, world)
     last, step_size = None, lr
     for step in range(steps):
         update = expected_update(row, table, world, behind=behind)
@@ -394,9 +415,10 @@ def table_row(row: Row, world: World, steps: int) -> dict:
     update to grad J and its distance to its closed form; from the exact ascent, where it
     ends (KL to pi* and to the reference, E[r] there)."""
     table, behind = evaluation_point(world)
+    ascent = exact_ascent(row, world, steps=steps)
+    world = world_of(row, world)  # (J, pi* and the reference of a distillation row's world)
     update = expected_update(row, table, world, behind=behind)
     grad_j = objective_gradient(table, world)
-    ascent = exact_ascent(row, world, steps=steps)
     end = ascent.table
     out = {"name": row.name, "unbiased": row.follows == "grad J", "follows": row.follows,
            "cosine": cosine(update, grad_j), "norm_ratio": (update.norm() / grad_j.norm()).item(),

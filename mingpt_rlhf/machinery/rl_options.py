@@ -21,7 +21,7 @@ from ..ppo_trainer import resolve_auto_options
 
 LOSS_ALGOS = "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is DPO's)"
 DPO_KL = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's KL to the reference is "
-          "--dpo_beta, inside its loss)")
+          "--dpo_beta, inside its loss; distill's is to the teacher, at beta 1)")
 CLIPPED = ("with --algo ppo, grpo, rloo or reinforce++ and not with --cov_loss kl_cov (online_dpo's "
            "loss is DPO's; KL-Cov clips no token, it charges |log ratio| instead)")
 NO_RATIO = ("with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss has no ratio to the "
@@ -61,14 +61,14 @@ READ_ONLY_WITH = {
                 f"with --offpolicy {', '.join(READS_CAP[:-1])} or {READS_CAP[-1]} (auto is tis "
                 f"when --tis_cap is set), which weigh each token, and not with --algo "
                 f"online_dpo (its loss has no ratio to the sampler)"),
-    # the KL penalty and its controller: online DPO's KL is its beta
-    "kl_in": (lambda c: c.algo != "online_dpo", DPO_KL),
-    "kl_estimator": (lambda c: c.algo != "online_dpo", DPO_KL),
-    "kl_coef": (lambda c: c.algo != "online_dpo", DPO_KL),
-    "adaptive_kl": (lambda c: c.algo != "online_dpo", DPO_KL),
-    "kl_horizon": (lambda c: c.algo != "online_dpo" and c.adaptive_kl,
+    # the KL penalty and its controller: online DPO's KL is its beta, distill's the teacher's
+    "kl_in": (lambda c: c.algo not in ("online_dpo", "distill"), DPO_KL),
+    "kl_estimator": (lambda c: c.algo not in ("online_dpo", "distill"), DPO_KL),
+    "kl_coef": (lambda c: c.algo not in ("online_dpo", "distill"), DPO_KL),
+    "adaptive_kl": (lambda c: c.algo not in ("online_dpo", "distill"), DPO_KL),
+    "kl_horizon": (lambda c: c.algo not in ("online_dpo", "distill") and c.adaptive_kl,
                    "with --adaptive_kl true (the default: a fixed beta has no speed), not with "
-                   "--algo online_dpo (its KL is --dpo_beta)"),
+                   "--algo online_dpo (its KL is --dpo_beta) or distill (beta 1, to the teacher)"),
     "learn_batch_size": (lambda c: c.algo != "online_dpo",
                          "with --algo ppo, grpo, rloo or reinforce++ (online_dpo's loss is a "
                          "mean over the pairs with a preference, which a slice cannot count)"),
@@ -97,6 +97,8 @@ READ_ONLY_WITH = {
                                                  "batch are played together)"),
     "max_turns": (lambda c: bool(c.env), "with --env"),
     "mask_env": (lambda c: bool(c.env), "with --env"),
+    "teacher_dir": (lambda c: c.algo == "distill", "with --algo distill"),
+    "distill_form": (lambda c: c.algo == "distill", "with --algo distill"),
     "ptx_data": (lambda c: c.ptx_coef > 0, "with --ptx_coef > 0 (auto: 0.02 for ppo without "
                                           "--env, else 0)"),
     "reward_clip": (lambda c: c.reward == "rm", "with --reward rm (a reward from code or an "
@@ -106,12 +108,14 @@ READ_ONLY_WITH = {
                    "with --reward rm and --ensemble_combine uwo"),
     "heldout_rm_dir": (lambda c: c.reward == "rm", "with --reward rm"),
     # the score of a single response (an episode's rewards are the environment's)
-    "penalize_missing_eos": (lambda c: not c.env, "without --env"),
-    "missing_eos_penalty": (lambda c: not c.env and c.penalize_missing_eos,
-                            "without --env and with --penalize_missing_eos true (the default)"),
-    "overlong_buffer": (lambda c: not c.env and c.penalize_missing_eos,
-                        "without --env and with --penalize_missing_eos true (the default): it "
-                        "is a ramp before that penalty's cliff"),
+    "penalize_missing_eos": (lambda c: not c.env and c.algo != "distill",
+                             "without --env and --algo distill (whose reward is the teacher's)"),
+    "missing_eos_penalty": (lambda c: not c.env and c.algo != "distill" and c.penalize_missing_eos,
+                            "without --env and --algo distill, and with --penalize_missing_eos "
+                            "true (the default)"),
+    "overlong_buffer": (lambda c: not c.env and c.algo != "distill" and c.penalize_missing_eos,
+                        "without --env and --algo distill, and with --penalize_missing_eos true "
+                        "(the default): it is a ramp before that penalty's cliff"),
 }
 
 
@@ -162,6 +166,20 @@ def check_online_dpo(cfg) -> None:
                         f"{cfg.minibatch_size}")
 
 
+def check_distill(cfg) -> None:
+    """Distillation's own values: a teacher, no other reward, no environment (what its reward
+    does not read, such as the KL options, is READ_ONLY_WITH's)."""
+    if cfg.distill_form not in ("sequence", "token"):
+        raise UserError(f"--distill_form must be sequence or token, got {cfg.distill_form!r}")
+    if not cfg.teacher_dir:
+        raise UserError("--algo distill needs --teacher_dir, the folder of the teacher policy (a "
+                        "PPO, GRPO, SFT or DPO run of the student's tokenizer)")
+    if cfg.reward not in ("rm", "teacher") or cfg.env:
+        raise UserError(f"--algo distill's reward is the teacher's log-probs: drop "
+                        f"{'--env' if cfg.env else '--reward ' + cfg.reward}")
+    cfg.reward = "teacher"
+
+
 def check_config(cfg) -> None:
     given = given_options(cfg)  # before any "auto" is resolved
     if cfg.learn_batch_size < 0:
@@ -173,8 +191,9 @@ def check_config(cfg) -> None:
     if cfg.generate_batch_size < 0:
         raise UserError(f"--generate_batch_size must be >= 0 (0 = the whole rollout batch), "
                         f"got {cfg.generate_batch_size}")
-    if cfg.algo not in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo"):
-        raise UserError(f"--algo must be ppo, grpo, rloo, reinforce++ or online_dpo, got {cfg.algo!r}")
+    if cfg.algo not in ("ppo", "grpo", "rloo", "reinforce++", "online_dpo", "distill"):
+        raise UserError(f"--algo must be ppo, grpo, rloo, reinforce++, online_dpo or distill, got "
+                        f"{cfg.algo!r}")
     if cfg.group_size == 0:
         cfg.group_size = 2 if cfg.algo == "online_dpo" else 8
     if cfg.algo == "online_dpo":
@@ -222,6 +241,8 @@ def check_config(cfg) -> None:
     if cfg.critic not in ("auto", "separate", "shared"):
         raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
     # the reward's source first: the auto options below depend on it (--env's rate)
+    if cfg.algo == "distill":
+        check_distill(cfg)
     if cfg.env:
         if cfg.reward not in ("rm", "env"):
             raise UserError(f"--env gives the rewards (each step's); drop --reward "
@@ -260,7 +281,7 @@ def check_config(cfg) -> None:
         raise UserError(f"--rollout_batch_size {cfg.rollout_batch_size} must be a multiple of "
                         f"--group_size {cfg.group_size} (>= 2): each prompt is sampled "
                         f"group_size times")
-    if cfg.reward not in ("rm", "task", "env") and ":" not in cfg.reward:
+    if cfg.reward not in ("rm", "task", "env", "teacher") and ":" not in cfg.reward:
         raise UserError(f"--reward must be rm, task, FILE.py:FUNCTION or MODULE:FUNCTION, got "
                         f"{cfg.reward!r}")
     if cfg.reward == "task" and cfg.prompts:

@@ -54,7 +54,7 @@ import time
 import torch
 
 from .errors import UserError
-from ..losses import GROUP_ALGOS, token_weights
+from ..losses import GROUP_ALGOS, GROUP_BASELINES, token_weights
 from ..methods.online_dpo import pair_rows, row_signs
 from .metrics import restart_log
 from ..ppo import last_action_index
@@ -150,10 +150,12 @@ class RolloutRecorder:
             exp, _ = trainer.make_experience(exp.sequences[index, :T], exp.attention_mask[index, :T],
                                              gen, for_update=False, fields=fields)
             keys = exp.sequences[:, :T]
-        last = last_action_index(exp.action_mask)[:, None]
-        rewards = exp.rewards.gather(1, last).squeeze(1)                  # (B,) one per response
-        advantages = trainer.group_baselined(rewards, keys)[:, None] * exp.action_mask
-        return dataclasses.replace(exp, advantages=advantages), episodes, k
+        if trainer.spec.advantages in GROUP_BASELINES:  # an eval batch has none: computed here
+            last = last_action_index(exp.action_mask)[:, None]
+            rewards = exp.rewards.gather(1, last).squeeze(1)              # (B,) one per response
+            advantages = trainer.group_baselined(rewards, keys)[:, None] * exp.action_mask
+            exp = dataclasses.replace(exp, advantages=advantages)
+        return exp, episodes, k
 
     def _entropy(self, trainer, exp, rows) -> torch.Tensor:
         """(len(rows), N) the actor's entropy at each response position of `rows`, in slices
