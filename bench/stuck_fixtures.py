@@ -5,7 +5,7 @@
 
 Three runs, each kept as the figures the watch reads (machinery/watch.py: score, zero_groups,
 entropy, kl, minibatch_steps, early_stop_kl, eos_rate, and what the run itself logged as
-`stuck`), one JSON line per iteration, in tests/fixtures/stuck/NAME.jsonl:
+`stuck`), one JSON line per iteration, in a file named after the run in FIXTURES:
 
 - collapsed: the duel game of examples/ (GRPO, --actor_lr 1e-4, seed 0) with the KL penalty
   in the reward at 0.05, the options this game collapsed with onto the empty answer before the
