@@ -4,7 +4,11 @@ Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`,
 `vocab_size`, `pad_id`, `eos_id`, and `state_dict()` so that it travels inside a checkpoint
 (`tokenizer_from_state` rebuilds it). PAD and EOS are always different ids: if they were the
 same, masking out padding would also mask out every EOS and the model would never learn to
-stop.
+stop. Two more say what a model built for it must know: `n_tokens`, the count of ids that
+are tokens (0..n_tokens-1; a model's output rows from n_tokens on have no token, and are never
+to be sampled: Qwen's embeddings have 151,936 rows for 151,669 tokens), and `bos_id`, the
+token put first in every sequence (Llama 3's), or None. `vocab_size` is the number of rows
+the model needs at least (the tokens and PAD).
 
 - `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word.
   We chose words over characters because the built-in language is made of a few dozen words:
@@ -12,7 +16,9 @@ stop.
   20-121 characters (62), so every stage trains and samples several times faster, and the
   model cannot spell a word that does not exist, which is what makes `well_formed` >= 0.95
   easy to reach after a short SFT run.
-- `BPETokenizer`: GPT-2's byte-level BPE (see `machinery/bpe.py`), for real models.
+- `BPETokenizer`: byte-level BPE (see `machinery/bpe.py`), for real models: GPT-2's, from
+  vocab.json + merges.txt, and today's families' (Qwen2/2.5, Qwen3, Llama 3, SmolLM2) from a
+  tokenizer.json (`machinery/tokenizer_json.py`), with the chat format of their files (chat.py).
 
 Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
 """
@@ -38,6 +44,7 @@ class WordTokenizer:
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         assert len(self.stoi) == len(self.itos), "duplicate words in the vocabulary"
         self.pad_id, self.eos_id, self.unk_id = 0, 1, 2
+        self.bos_id = None
 
     @classmethod
     def from_texts(cls, texts) -> "WordTokenizer":
@@ -48,6 +55,10 @@ class WordTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.itos)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.itos)  # every id is a word (PAD's too: it is never sampled all the same)
 
     def encode(self, text: str) -> list[int]:
         return [self.stoi.get(w, self.unk_id) for w in text.split()]
@@ -60,7 +71,7 @@ class WordTokenizer:
         return {"type": "word", "words": self.itos[3:]}
 
 
-from .machinery.bpe import BPETokenizer  # noqa: E402  (GPT-2's tokenizer, same interface)
+from .machinery.bpe import BPETokenizer  # noqa: E402  (byte-level BPE, same interface)
 
 
 def tokenizer_from_state(state: dict):
