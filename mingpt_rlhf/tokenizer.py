@@ -1,24 +1,18 @@
 """Tokenizers: one interface, two implementations.
 
-Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`,
-`vocab_size`, `pad_id`, `eos_id`, and `state_dict()` so that it travels inside a checkpoint
-(`tokenizer_from_state` rebuilds it). PAD and EOS are always different ids: if they were the
-same, masking out padding would also mask out every EOS and the model would never learn to
-stop. Two more say what a model built for it must know: `n_tokens`, the count of ids that
-are tokens (0..n_tokens-1; a model's output rows from n_tokens on have no token, and are never
-to be sampled: Qwen's embeddings have 151,936 rows for 151,669 tokens), and `bos_id`, the
-token put first in every sequence (Llama 3's), or None. `vocab_size` is the number of rows
-the model needs at least (the tokens and PAD).
+Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`
+(rows a model needs), `pad_id`, `eos_id`, `bos_id` (put first in a sequence, or None),
+`n_tokens` (ids from n_tokens on are model rows without a token, never to be sampled: Qwen has
+151,936 rows for 151,669 tokens), `state_dict()` (the checkpoint's copy, `tokenizer_from_state`).
+PAD and EOS always differ: masking out padding would otherwise mask every EOS, never learnt then.
 
-- `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word.
-  We chose words over characters because the built-in language is made of a few dozen words:
-  a demonstration (prompt, response and EOS) is 6-19 tokens (12 at the median) instead of
-  20-121 characters (62), so every stage trains and samples several times faster, and the
-  model cannot spell a word that does not exist, which is what makes `well_formed` >= 0.95
-  easy to reach after a short SFT run.
-- `BPETokenizer`: byte-level BPE (see `machinery/bpe.py`), for real models: GPT-2's, from
-  vocab.json + merges.txt, and today's families' (Qwen2/2.5, Qwen3, Llama 3, SmolLM2) from a
-  tokenizer.json (`machinery/tokenizer_json.py`), with the chat format of their files (chat.py).
+- `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word:
+  the built-in language is a few dozen words, so a demonstration (prompt, response and EOS) is
+  6-19 tokens (12 at the median) instead of 20-121 characters (62): every stage trains and
+  samples several times faster, and the model cannot spell a word that does not exist, which
+  makes `well_formed` >= 0.95 easy to reach after a short SFT run.
+- `BPETokenizer`: byte-level BPE (`machinery/bpe.py`): GPT-2's vocab.json + merges.txt, or the
+  tokenizer.json of Qwen2/2.5, Qwen3, Llama 3, SmolLM2 (`machinery/tokenizer_json.py`, chat.py).
 
 Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
 """
