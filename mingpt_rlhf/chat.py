@@ -220,14 +220,13 @@ def render(fmt: ChatFormat, messages, answer_next: bool = False) -> list[tuple[s
     return [(who, text) for who, text in out.turns]
 
 
-def transcript(fmt: ChatFormat, messages):
-    """The episode transcript SFT trains on (data.Transcript): policy turns are the assistant's
-    answers; what follows the last answer is dropped (nothing there to learn)."""
-    from .data import Transcript
+def transcript(fmt: ChatFormat, messages) -> list[tuple[str, str]]:
+    """The turns of the episode transcript SFT trains on (data.Transcript): policy turns are the
+    assistant's answers; what follows the last answer is dropped (nothing there to learn)."""
     turns = render(fmt, messages)
     while turns and turns[-1][0] == "env":
         turns.pop()
-    return Transcript(turns)
+    return turns
 
 
 def _joined(fmt: ChatFormat, turns, where: str) -> str:

@@ -313,7 +313,7 @@ class SFTData:
         or a Transcript or Conversation (skipped when it does not fit: an episode cut anywhere would lose its
         opening or its end), or None when it cannot fit."""
         if isinstance(item, Conversation):  # rendered in the tokenizer's chat format
-            item = transcript(chat_format_of(tokenizer), item)
+            item = Transcript(transcript(chat_format_of(tokenizer), item))
         if isinstance(item, Transcript):
             ids, acted = encode_transcript(tokenizer, item)
             return (ids, acted) if len(ids) <= block_size else None

@@ -1,5 +1,5 @@
-"""A Hugging Face `tokenizer.json` (byte-level BPE) and its `tokenizer_config.json`, read into our
-`BPETokenizer` (bpe.py runs it).
+"""A Hugging Face `tokenizer.json` (byte-level BPE) and its `tokenizer_config.json`, read into the
+parts of our `BPETokenizer` (bpe.py runs them; `BPETokenizer.from_pretrained` calls this).
 
 A tokenizer.json names each step of the pipeline. We implement the steps today's families use
 and refuse every other one with a UserError naming it: a tokenizer that would run differently
@@ -41,7 +41,8 @@ from __future__ import annotations
 import json
 import os
 
-from .bpe import GPT2_REGEX, AddedToken, BPETokenizer, byte_to_unicode
+from ..chat import format_of_template
+from .byte_level import GPT2_REGEX, byte_to_unicode
 from .errors import UserError
 
 
@@ -60,9 +61,9 @@ def _read_json(path: str, required: bool):
     return value
 
 
-def read_tokenizer_folder(folder: str) -> BPETokenizer:
-    """The tokenizer of a model folder: tokenizer.json, tokenizer_config.json (EOS, BOS, the chat
-    template), chat_template.jinja (where the template is kept apart)."""
+def read_tokenizer_folder(folder: str) -> dict:
+    """`tokenizer_parts` of a model folder's files: tokenizer.json, tokenizer_config.json (EOS,
+    BOS, the chat template), chat_template.jinja (where the template is kept apart)."""
     config = _read_json(os.path.join(folder, "tokenizer_config.json"), required=False) or {}
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
@@ -74,7 +75,7 @@ def read_tokenizer_folder(folder: str) -> BPETokenizer:
             template = f.read()
     files = {"tokenizer.json": _read_json(os.path.join(folder, "tokenizer.json"), required=True),
              "tokenizer_config.json": config, "chat_template": template}
-    return tokenizer_from_files(files, folder)
+    return tokenizer_parts(files, folder)
 
 
 def _token_text(value):
@@ -177,10 +178,9 @@ def _model(model, where: str) -> tuple[dict, list, bool]:
     return vocab, merges, bool(model.get("ignore_merges", False))
 
 
-def tokenizer_from_files(files: dict, where: str) -> BPETokenizer:
-    """A BPETokenizer from {"tokenizer.json": dict, "tokenizer_config.json": dict,
+def tokenizer_parts(files: dict, where: str) -> dict:
+    """BPETokenizer's arguments from {"tokenizer.json": dict, "tokenizer_config.json": dict,
     "chat_template": str or None} (a folder's files, or a checkpoint's copy of them)."""
-    from ..chat import format_of_template
     spec, config, template = files["tokenizer.json"], files["tokenizer_config.json"], files["chat_template"]
     nfc = _normalizer(spec.get("normalizer"), where)
     pre = spec.get("pre_tokenizer")
@@ -204,14 +204,14 @@ def tokenizer_from_files(files: dict, where: str) -> BPETokenizer:
             raise UserError(f"{where}/tokenizer.json: added token {t!r} clashes with the "
                             f"vocabulary; the file is damaged")
         encoder[content] = i
-        added.append(AddedToken(content, i, bool(t.get("special")), bool(t.get("lstrip")),
-                                bool(t.get("rstrip")), bool(t.get("normalized"))))
+        added.append((content, i, bool(t.get("special")), bool(t.get("lstrip")),  # bpe.AddedToken
+                      bool(t.get("rstrip")), bool(t.get("normalized"))))
     ids = sorted(encoder.values())
     if ids != list(range(len(ids))):
         missing = next(i for i, j in enumerate(ids) if i != j)
         raise UserError(f"{where}/tokenizer.json: ids must run 0..n-1 without gaps or repeats; "
                         f"id {missing} is missing or taken twice")
-    symbols, plain = set(byte_to_unicode().values()), {t.content for t in added}
+    symbols, plain = set(byte_to_unicode().values()), {t[0] for t in added}
     if not symbols <= vocab.keys() or any(set(s) - symbols for s in vocab if s not in plain):
         raise UserError(f"{where}/tokenizer.json: the vocabulary is not byte-level (a token is "
                         f"not spelt with the 256 byte symbols); we read byte-level BPE only")
@@ -226,6 +226,6 @@ def tokenizer_from_files(files: dict, where: str) -> BPETokenizer:
     if bos is not None and bos[1] != [encoder[bos[0]]]:
         raise UserError(f"{where}/tokenizer.json: TemplateProcessing puts ids {bos[1]} for "
                         f"{bos[0]!r}, whose id is {encoder[bos[0]]}; the file is damaged")
-    return BPETokenizer(encoder, merges, eos_token=eos, added=added, pre_tokenizer=tuple(sources),
-                        nfc=nfc, ignore_merges=ignore_merges, bos_token=bos and bos[0], chat_format=fmt,
-                        files=files)
+    return dict(encoder=encoder, merges=merges, eos_token=eos, added=added,
+                pre_tokenizer=tuple(sources), nfc=nfc, ignore_merges=ignore_merges,
+                bos_token=bos and bos[0], chat_format=fmt, files=files)
