@@ -238,3 +238,18 @@ def test_sft_rm_grpo_on_conversations_with_a_familys_tokenizer(tmp_path):
         rollout_batch_size=4, minibatch_size=4, ppo_epochs=1, max_new_tokens=4, eval_interval=1,
         eval_prompts=2))
     assert grpo["final"] and "rm_score" in grpo
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "qwen3", "llama3", "smollm2"])
+def test_turn_by_turn_ids_are_the_whole_texts_but_after_a_leading_newline(family):
+    """SFT tokenizes each turn on its own (as sampling produces it): the ids are those of the
+    whole conversation's text, except where an answer starts with white space holding a
+    newline, which the header's newline may then join (not tested: it depends on the merges)."""
+    from mingpt_rlhf.data import encode_transcript
+    tok = BPETokenizer.from_pretrained(os.path.join(FIXTURES, family))
+    fmt = tok.chat_format
+    for answer in ("4.", " Hello there", "(x) y", "'s fine", "12345 apples", "tabs\tand\n\nlines\n"):
+        conversation = [("user", "What is 2+2?"), ("assistant", answer), ("user", "Why?"),
+                        ("assistant", answer)]
+        ids, _ = encode_transcript(tok, transcript(fmt, conversation))
+        assert ids == tok.encode(whole_text(fmt, conversation).removesuffix("\n")), answer

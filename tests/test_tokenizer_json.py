@@ -118,6 +118,21 @@ def test_without_a_chat_template_eos_is_the_configs(tmp_path):
         BPETokenizer.from_pretrained(str(folder))
 
 
+def test_eos_of_older_files(tmp_path):
+    """GPT-2's hub folder: a tokenizer_config.json without eos_token (and maybe a
+    special_tokens_map.json that has one): EOS is the map's, else GPT-2's <|endoftext|>."""
+    folder = shutil.copytree(os.path.join(FIXTURES, "gpt2"), tmp_path / "gpt2")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1024}))
+    tok = BPETokenizer.from_pretrained(str(folder))
+    assert tok.decode([tok.eos_id]) == "<|endoftext|>" and tok.chat_format.name == "plain"
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    last = spec["added_tokens"][-1]["id"]
+    spec["added_tokens"].append({"id": last + 1, "content": "<|stop|>", "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|stop|>"}))
+    assert BPETokenizer.from_pretrained(str(folder)).eos_id == last + 1
+
+
 def test_the_state_travels_in_a_checkpoint_and_gives_the_same_ids():
     tok = load("qwen3")
     state = json.loads(json.dumps(tok.state_dict()))  # what a checkpoint holds survives JSON

@@ -25,7 +25,9 @@ The ids we choose (say so before a model is built: its rows follow from them):
 - EOS: with a chat template we know (chat.py), its end-of-turn token, the token the model
   ends an answer with: `<|im_end|>` (Qwen, SmolLM2), `<|eot_id|>` (Llama 3). A base model whose
   files carry the template (Qwen2.5-0.5B does) gets it too, and learns it in SFT. Without a
-  template, the `eos_token` of tokenizer_config.json (`<|endoftext|>`, `<|end_of_text|>`).
+  template, the `eos_token` of tokenizer_config.json (`<|endoftext|>`, `<|end_of_text|>`), or
+  of special_tokens_map.json (older files); failing both, `<|endoftext|>` where it is a special
+  token (GPT-2's files name no EOS: it is the one their code assumes).
 - PAD: the first id past the tokens (`n_tokens`): Qwen2.5 151665, Qwen3 151669 (rows their
   151,936-row embeddings already hold and that have no token), Llama 3 128256 and SmolLM2
   49152 (one new row). Never an id with a token, so a PAD can never be sampled as text, and
@@ -74,7 +76,9 @@ def read_tokenizer_folder(folder: str) -> dict:
         with open(jinja, encoding="utf-8") as f:
             template = f.read()
     files = {"tokenizer.json": _read_json(os.path.join(folder, "tokenizer.json"), required=True),
-             "tokenizer_config.json": config, "chat_template": template}
+             "tokenizer_config.json": config, "chat_template": template,
+             "special_tokens_map.json": _read_json(os.path.join(folder, "special_tokens_map.json"),
+                                                   required=False)}
     return tokenizer_parts(files, folder)
 
 
@@ -216,7 +220,9 @@ def tokenizer_parts(files: dict, where: str) -> dict:
         raise UserError(f"{where}/tokenizer.json: the vocabulary is not byte-level (a token is "
                         f"not spelt with the 256 byte symbols); we read byte-level BPE only")
     fmt = format_of_template(template, _token_text(config.get("bos_token")))
-    eos = fmt.end_of_turn or _token_text(config.get("eos_token"))
+    eos = (fmt.end_of_turn or _token_text(config.get("eos_token"))
+           or _token_text((files.get("special_tokens_map.json") or {}).get("eos_token"))
+           or next((t[0] for t in added if t[0] == "<|endoftext|>" and t[2]), None))
     if eos is None:
         raise UserError(f"{where}: tokenizer_config.json names no eos_token and there is no chat "
                         f"template to take the end of a turn from; add \"eos_token\" to it")
