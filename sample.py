@@ -28,7 +28,7 @@ import torch
 from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
 from mingpt_rlhf.machinery.cli import opt, require_positive, run
 from mingpt_rlhf.chat import chat_format_of
-from mingpt_rlhf.data import load_prompts_jsonl
+from mingpt_rlhf.data import load_prompts_jsonl, sequence_start
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts
 from mingpt_rlhf.machinery.runtime import pick_device
@@ -105,9 +105,10 @@ class Answerer:
         cfg = self.cfg
         for name, policy, tokenizer in self.policies:
             for p in prompts:
-                n = len(tokenizer.encode(p))
-                if n == 0:
+                ids = tokenizer.encode(p)
+                if not ids:
                     raise UserError(f"the prompt {p!r} has no tokens; type some text")
+                n = len(sequence_start(tokenizer, ids))  # with a BOS, if the tokenizer has one
                 if n + cfg.max_new_tokens > policy.config.block_size:
                     raise UserError(f"the prompt {p[:40]!r} ({n} tokens) + --max_new_tokens "
                                     f"{cfg.max_new_tokens} exceeds the block_size "

@@ -177,9 +177,7 @@ def load_prompt_rows(path: str, chat: ChatFormat = PLAIN) -> list[dict]:
     same fields, and none may be named like the function's own arguments."""
     rows = read_jsonl(path, [["prompt"], ["messages"]], "prompts")
     for k, (n, obj) in enumerate(rows):
-        if "messages" in obj:
-            if "prompt" in obj:
-                raise UserError(f"{path}:{n}: give either \"prompt\" or \"messages\", not both")
+        if "messages" in obj:  # (read_jsonl refuses a line with "prompt" too)
             fields = {f: v for f, v in obj.items() if f != "messages"}
             conversation = conversation_to_answer(obj["messages"], f"{path}:{n}")
             rows[k] = (n, {"prompt": prompt_text(chat, conversation, f"{path}:{n}"), **fields})
