@@ -30,7 +30,8 @@ import torch
 
 from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
 from mingpt_rlhf.machinery.cli import opt, require_positive, run
-from mingpt_rlhf.data import load_prompts_jsonl
+from mingpt_rlhf.chat import chat_format_of
+from mingpt_rlhf.data import load_prompts_jsonl, sequence_start
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts
 from mingpt_rlhf.machinery.runtime import pick_device
@@ -41,8 +42,10 @@ from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
 @dataclass
 class Config:
     ckpt_dir: str = opt("out/ppo", "folder of the policy to sample (SFT, PPO, GRPO, RLOO or DPO)")
-    prompt: str = opt("", "one prompt (none: read --prompts, or prompts typed one per line)")
-    prompts: str = opt("", "JSONL file of {prompt} lines to answer")
+    prompt: str = opt("", "one prompt, as it is (none: read --prompts, or prompts typed one per "
+                          "line)")
+    prompts: str = opt("", "JSONL file of {prompt} or {messages} lines to answer (messages: "
+                           "rendered in the model's chat format)")
     num_samples: int = opt(1, "responses per prompt")
     max_new_tokens: int = opt(32, "longest response, in tokens")
     temperature: float = opt(1.0, "sampling temperature (> 0; lower is more conservative)")
@@ -111,9 +114,10 @@ class Answerer:
         cfg = self.cfg
         for name, policy, tokenizer in self.policies:
             for p in prompts:
-                n = len(tokenizer.encode(p))
-                if n == 0:
+                ids = tokenizer.encode(p)
+                if not ids:
                     raise UserError(f"the prompt {p!r} has no tokens; type some text")
+                n = len(sequence_start(tokenizer, ids))  # with a BOS, if the tokenizer has one
                 if n + cfg.max_new_tokens > policy.config.block_size:
                     raise UserError(f"the prompt {p[:40]!r} ({n} tokens) + --max_new_tokens "
                                     f"{cfg.max_new_tokens} exceeds the block_size "
@@ -237,8 +241,9 @@ def main(cfg: Config, stdin=None, out=None):
     check_config(cfg)
     if cfg.env or cfg.play_env:
         return play(cfg, stdin, out)
-    prompts = [cfg.prompt] if cfg.prompt else load_prompts_jsonl(cfg.prompts) if cfg.prompts else None
     answerer = Answerer(cfg)
+    chat = chat_format_of(answerer.policies[0][2])  # a messages line is rendered in its format
+    prompts = [cfg.prompt] if cfg.prompt else load_prompts_jsonl(cfg.prompts, chat) if cfg.prompts else None
     if prompts is not None:
         rows = answerer.answer(prompts)
         answerer.show(rows, out)

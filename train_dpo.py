@@ -29,6 +29,7 @@ from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, lo
                                               resume_state, save_checkpoint, weights_for_later_stages)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
+from mingpt_rlhf.chat import chat_format_of
 from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl, micro_batches_of_step
 from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
 from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
@@ -147,9 +148,9 @@ def main(cfg: Config) -> dict:
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
         eval_prompts = task.prompts("eval")[:cfg.eval_prompts]
     else:
-        train_pairs = load_preference_jsonl(cfg.data)
+        train_pairs = load_preference_jsonl(cfg.data, chat_format_of(tokenizer))
         if cfg.eval_data:
-            eval_pairs = load_preference_jsonl(cfg.eval_data)
+            eval_pairs = load_preference_jsonl(cfg.eval_data, chat_format_of(tokenizer))
         else:
             train_pairs, eval_pairs = holdout_split(train_pairs, cfg.seed)
         # the eval samples a response to each prompt, and sampling needs a prompt token

@@ -26,6 +26,7 @@ from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, lo
                                               resume_checkpoint, resume_state, save_checkpoint,
                                               weights_for_later_stages)
 from mingpt_rlhf.machinery.cli import MACHINERY, opt, run
+from mingpt_rlhf.chat import PLAIN, chat_format_of
 from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
@@ -449,19 +450,20 @@ def load_models(cfg: Config, device, dtype):
     return tokenizer, actor, ref, rm, critic, value_head
 
 
-def prompt_splits(cfg: Config, task) -> tuple[list[dict], list[dict]]:
+def prompt_splits(cfg: Config, task, chat=PLAIN) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out eval rows), each row {"prompt": str, ...}: the task's splits,
     or --prompts with --eval_prompts_file, or --prompts with 5 % of it held out (an eval on
-    prompts the policy trains on would flatter it). A file's other fields ride along."""
+    prompts the policy trains on would flatter it). A file's other fields ride along; its
+    messages lines are rendered in `chat`, the policy's chat format."""
     if task is not None:
         train, held_out = ([{"prompt": p} for p in task.prompts(split)] for split in ("train", "eval"))
     elif cfg.eval_prompts_file:
-        train, held_out = load_prompt_rows(cfg.prompts), load_prompt_rows(cfg.eval_prompts_file)
+        train, held_out = load_prompt_rows(cfg.prompts, chat), load_prompt_rows(cfg.eval_prompts_file, chat)
         if set(train[0]) != set(held_out[0]):
             raise UserError(f"{cfg.eval_prompts_file} has fields {sorted(held_out[0])}, "
                             f"{cfg.prompts} {sorted(train[0])}; give both files the same fields")
     else:
-        train, held_out = holdout_split(load_prompt_rows(cfg.prompts), cfg.seed)
+        train, held_out = holdout_split(load_prompt_rows(cfg.prompts, chat), cfg.seed)
     return train, held_out[:cfg.eval_prompts]
 
 
@@ -731,7 +733,7 @@ def set_up(cfg: Config) -> Run:
         source = EpisodeSeeds(cfg, local, env_class, env_name, device, prompt_gen)
     else:
         env_class = None
-        source = TrainingPrompts(cfg, local, tokenizer, task, *prompt_splits(cfg, task), device,
+        source = TrainingPrompts(cfg, local, tokenizer, task, *prompt_splits(cfg, task, chat_format_of(tokenizer)), device,
                                  prompt_gen)
     ptx_data = None
     if cfg.ptx_coef > 0:

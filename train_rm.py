@@ -38,6 +38,7 @@ from mingpt_rlhf.machinery.checkpoint import (load_checkpoint, load_policy, load
                                               weights_for_later_stages)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
+from mingpt_rlhf.chat import chat_format_of
 from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
                               micro_batches_of_step, right_pad)
 from mingpt_rlhf.machinery.distributed import all_sum, is_main, setup, shutdown, world_size
@@ -197,9 +198,10 @@ def preference_data(cfg: Config, tokenizer):
     if task is not None:
         task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
         return task, task.preference_pairs("train"), task.preference_pairs("eval")
-    train_pairs = load_preference_jsonl(cfg.data)
+    chat = chat_format_of(tokenizer)  # a messages line is rendered in the policy's format
+    train_pairs = load_preference_jsonl(cfg.data, chat)
     if cfg.eval_data:
-        return task, train_pairs, load_preference_jsonl(cfg.eval_data)
+        return task, train_pairs, load_preference_jsonl(cfg.eval_data, chat)
     return (task, *holdout_split(train_pairs, data_seed_of(cfg)))
 
 

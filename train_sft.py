@@ -33,6 +33,7 @@ from mingpt_rlhf.machinery.distributed import (all_sum, is_main, setup, shard, s
                                                world_size)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
+from mingpt_rlhf.chat import Conversation
 from mingpt_rlhf.data import IGNORE, SFTData, Transcript, holdout_split, load_sft_jsonl
 from mingpt_rlhf.methods.episodes import EpisodeSource, load_env, play_and_measure
 from mingpt_rlhf.machinery.errors import UserError
@@ -54,9 +55,10 @@ from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
 class Config:
     out_dir: str = opt("out/sft", "folder for ckpt.pt and metrics.jsonl")
     task: str = opt("reviews", "built-in task giving demonstrations and a gold reward")
-    data: str = opt("", "JSONL of {prompt, response}, {text} or {turns: [{role, text}, ...]} "
-                        "lines (an episode: loss on the policy's turns only); replaces the "
-                        "task's data")
+    data: str = opt("", "JSONL of {prompt, response}, {text}, {turns: [{role, text}, ...]} (an "
+                        "episode) or {messages: [{role, content}, ...]} (a conversation in the "
+                        "model's chat format) lines: loss on the policy's / assistant's turns "
+                        "only; replaces the task's data")
     env: str = opt("", "an environment (built-in: guess; or FILE.py:CLASS): the eval plays its "
                        "held-out episodes (success, turns); without --data a built-in one's "
                        "teacher episodes are the demonstrations (docs/multiturn.md)")
@@ -138,7 +140,8 @@ def make_tokenizer(cfg: Config, task, train_pairs, env_class=None):
         return task.tokenizer()
     if not cfg.data and env_class is not None:  # a built-in environment's words
         return env_class.tokenizer()
-    return WordTokenizer.from_texts(" ".join(text for _, text in item) if isinstance(item, Transcript)
+    return WordTokenizer.from_texts(" ".join(text for _, text in item)
+                                    if isinstance(item, (Transcript, Conversation))
                                     else item[0] + " " + item[1] for item in train_pairs)
 
 

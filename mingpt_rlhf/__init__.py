@@ -3,7 +3,8 @@
 The recipe is this folder, in reading order:
 
     model.py        the GPT: GPT-2's architecture and parameter names, padding mask, KV cache
-    tokenizer.py    one tokenizer interface: the built-in word tokenizer (and GPT-2's BPE)
+    tokenizer.py    one tokenizer interface: the built-in word tokenizer (and byte-level BPE)
+    chat.py         chat formats: a conversation written as an instruct model was trained on
     data.py         JSONL readers with validation, padding and batching, the SFT loss mask
     task_base.py    what a built-in task is: prompts, demonstrations, preference pairs, gold
     tasks.py        the built-in tasks ("reviews"), where the "human" data comes from

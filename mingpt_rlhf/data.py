@@ -3,9 +3,9 @@
 The JSONL files users give (demonstrations, preference pairs, prompts) are read by
 `read_jsonl` and the loaders below it; its docstring gives every format.
 
-Sequences are prompt tokens + response tokens + EOS. When that is longer than the block size
-we cut tokens from the *left of the prompt* (the end of the prompt, next to the response,
-matters most); an example whose response alone does not fit is skipped and counted.
+Sequences are [BOS] + prompt + response + EOS (a BOS where the tokenizer has one). When that is
+longer than the block size we cut tokens from the *left of the prompt*, after the BOS (its end,
+next to the response, matters most); an example whose response alone does not fit is skipped.
 
 Padding: SFT and the reward model pad on the right (a causal model never looks right, so
 right pads change nothing before them); generation pads prompts on the left so all responses
@@ -18,10 +18,13 @@ import os
 
 import torch
 
+from .chat import (PLAIN, ChatFormat, Conversation, chat_format_of, conversation_of, pair_texts,
+                   prompt_text, transcript)
 from .machinery.distributed import shard, world_size
 from .machinery.errors import UserError
 
 IGNORE = -100  # target value that cross_entropy skips
+LISTS = ("turns", "messages")  # the JSONL fields that hold a list
 
 
 def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[int, dict]]:
@@ -34,11 +37,16 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
       {"turns": [{"role": "env", "text": ...}, {"role": "policy", "text": ...}, ...]}: the
       environment's opening first, then turns in any order; the loss is on the policy's turns
       only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its
-      own, as an episode holds it (`encode_transcript`).
+      own, as an episode holds it (`encode_transcript`). Or a conversation,
+      {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}, with at
+      least one assistant message: rendered in the tokenizer's chat format (chat.py), it is
+      an episode whose policy turns are the assistant's answers, so the loss is on those only.
     - Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
       (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both
-      hold the whole dialogue).
-    - Prompts (`train_ppo.py --prompts`): {"prompt": ...}.
+      hold the whole dialogue), or {"messages": [...], "chosen": ..., "rejected": ...}: the
+      conversation so far (ending with a user or system message) and two answers to it.
+    - Prompts (`train_ppo.py --prompts`): {"prompt": ...} or {"messages": [...]} (ending with a
+      user or system message; rendered with the next answer's header).
     A malformed line fails with `file:line` and what is wrong (a UserError, so exit status 2).
 
     Empty prompts: a policy samples its first response token from the prompt's last token, so a
@@ -67,11 +75,14 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
         fits = [alt for alt in required
-                if all(isinstance(obj.get(k), list if k == "turns" else str) for k in alt)]
+                if all(isinstance(obj.get(k), list if k in LISTS else str) for k in alt)]
         if not fits:
-            wanted = " or ".join("{" + ", ".join(f'"{k}": {"[...]" if k == "turns" else "str"}'
+            wanted = " or ".join("{" + ", ".join(f'"{k}": {"[...]" if k in LISTS else "str"}'
                                                  for k in alt) + "}" for alt in required)
             raise UserError(f"{path}:{n}: expected {wanted}, got keys {sorted(obj)}")
+        if "messages" in obj and {"prompt", "response", "text", "turns"} & set(obj):
+            raise UserError(f"{path}:{n}: give either \"messages\" or prompt / response / text / "
+                            f"turns fields, not both")
         rows.append((n, obj))
     if not rows:
         raise UserError(f"{what} file {path} has no examples")
@@ -79,11 +90,31 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
 
 
 def load_sft_jsonl(path: str) -> list:
-    """Demonstrations: (prompt, response) pairs, and `Transcript`s for episode lines."""
-    rows = read_jsonl(path, [["prompt", "response"], ["text"], ["turns"]], "SFT data")
+    """Demonstrations: (prompt, response) pairs, `Transcript`s for episode lines, and
+    `Conversation`s for messages lines (rendered in the tokenizer's chat format when SFTData
+    encodes them: the tokenizer may not exist yet)."""
+    rows = read_jsonl(path, [["prompt", "response"], ["text"], ["turns"], ["messages"]], "SFT data")
     return [(o["prompt"], o["response"]) if "response" in o else
-            ("", o["text"]) if "text" in o else transcript_of(o["turns"], f"{path}:{n}")
-            for n, o in rows]
+            ("", o["text"]) if "text" in o else
+            conversation_to_learn(o["messages"], f"{path}:{n}") if "messages" in o else
+            transcript_of(o["turns"], f"{path}:{n}") for n, o in rows]
+
+
+def conversation_to_learn(messages, where: str) -> Conversation:
+    conversation = conversation_of(messages, where)
+    if not any(role == "assistant" for role, _ in conversation):
+        raise UserError(f"{where}: the conversation has no assistant message, nothing to learn "
+                        f"from; add the answer as {{\"role\": \"assistant\", \"content\": ...}}")
+    return conversation
+
+
+def conversation_to_answer(messages, where: str) -> Conversation:
+    """A conversation a prompt is made of: it must end before an answer."""
+    conversation = conversation_of(messages, where)
+    if conversation[-1][0] == "assistant":
+        raise UserError(f"{where}: the conversation ends with an assistant message, but these "
+                        f"messages are the prompt an answer follows; drop the last message")
+    return conversation
 
 
 class Transcript(list):
@@ -107,12 +138,15 @@ def transcript_of(turns: list, where: str) -> Transcript:
     return out
 
 
-def load_preference_jsonl(path: str):
+def load_preference_jsonl(path: str, chat: ChatFormat = PLAIN):
+    """Preference pairs; a messages line is rendered in `chat` (the policy's chat format)."""
     from .task_base import PreferencePair
-    rows = read_jsonl(path, [["prompt", "chosen", "rejected"], ["chosen", "rejected"]],
-                      "preference data")
-    return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) if "prompt" in o
-            else split_dialogue_pair(o["chosen"], o["rejected"]) for _, o in rows]
+    rows = read_jsonl(path, [["prompt", "chosen", "rejected"], ["messages", "chosen", "rejected"],
+                             ["chosen", "rejected"]], "preference data")
+    return [PreferencePair(o["prompt"], o["chosen"], o["rejected"]) if "prompt" in o else
+            PreferencePair(*pair_texts(chat, conversation_to_answer(o["messages"], f"{path}:{n}"),
+                                       o["chosen"], o["rejected"], f"{path}:{n}"))
+            if "messages" in o else split_dialogue_pair(o["chosen"], o["rejected"]) for n, o in rows]
 
 
 def split_dialogue_pair(chosen: str, rejected: str, marker: str = "Assistant:"):
@@ -128,19 +162,25 @@ def split_dialogue_pair(chosen: str, rejected: str, marker: str = "Assistant:"):
     return PreferencePair(chosen[:cut], chosen[cut:], rejected[cut:])
 
 
-def load_prompts_jsonl(path: str) -> list[str]:
-    return [row["prompt"] for row in load_prompt_rows(path)]
+def load_prompts_jsonl(path: str, chat: ChatFormat = PLAIN) -> list[str]:
+    return [row["prompt"] for row in load_prompt_rows(path, chat)]
 
 
 # the reward function's own arguments: a field of a prompts file may not take their names
 RESERVED_FIELDS = ("prompts", "responses")
 
 
-def load_prompt_rows(path: str) -> list[dict]:
-    """Rows of a prompts file: {"prompt": str, ...}. Every other field (a reference answer,
-    unit tests, ...) reaches a reward function as a keyword argument, so every row must have
-    the same fields, and none may be named like the function's own arguments."""
-    rows = read_jsonl(path, [["prompt"]], "prompts")
+def load_prompt_rows(path: str, chat: ChatFormat = PLAIN) -> list[dict]:
+    """Rows of a prompts file: {"prompt": str, ...}, a messages line rendered in `chat` (the
+    policy's chat format) into its "prompt". Every other field (a reference answer, unit
+    tests, ...) reaches a reward function as a keyword argument, so every row must have the
+    same fields, and none may be named like the function's own arguments."""
+    rows = read_jsonl(path, [["prompt"], ["messages"]], "prompts")
+    for k, (n, obj) in enumerate(rows):
+        if "messages" in obj:  # (read_jsonl refuses a line with "prompt" too)
+            fields = {f: v for f, v in obj.items() if f != "messages"}
+            conversation = conversation_to_answer(obj["messages"], f"{path}:{n}")
+            rows[k] = (n, {"prompt": prompt_text(chat, conversation, f"{path}:{n}"), **fields})
     for n, obj in rows:
         if not obj["prompt"].strip():  # no token for the first response token to follow
             raise UserError(f"{path}:{n}: the prompt is empty; a policy answers a prompt of at "
@@ -164,13 +204,23 @@ def fields_of(rows: list[dict]) -> dict[str, list]:
     return {k: [row[k] for row in rows] for k in rows[0] if k != "prompt"} if rows else {}
 
 
+def sequence_start(tokenizer, ids: list[int]) -> list[int]:
+    """`ids` as the first ids of a sequence: the tokenizer's BOS in front where it declares one
+    (Llama 3's <|begin_of_text|>, which its pretraining put before every document), unless they
+    already start with it (Llama 3's chat format writes it)."""
+    bos = getattr(tokenizer, "bos_id", None)
+    return ids if bos is None or ids[:1] == [bos] else [bos] + ids
+
+
 def encode_transcript(tokenizer, turns: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
     """(ids, acted) of a transcript [(role, text), ...] as an episode would hold it: each turn
     tokenized on its own, a policy turn followed by EOS and marked 1 in `acted` (the tokens SFT
     trains on), the environment's turns marked 0. The first turn is the environment's opening."""
     ids, acted = [], []
-    for role, text in turns:
+    for k, (role, text) in enumerate(turns):
         piece = tokenizer.encode(text)
+        if k == 0:
+            piece = sequence_start(tokenizer, piece)
         if role == "policy":
             piece = piece + [tokenizer.eos_id]
         ids += piece
@@ -189,13 +239,15 @@ def holdout_split(items: list, seed: int, fraction: float = 0.05):
 
 
 def encode_example(tokenizer, prompt: str, response: str, block_size: int):
-    """(ids, n_prompt) with ids = prompt + response + EOS, cut from the left of the prompt to fit
-    `block_size`; None when the response and EOS alone do not fit."""
-    p = tokenizer.encode(prompt) if prompt else []
+    """(ids, n_prompt) with ids = prompt + response + EOS (BOS first, if any), cut from the left
+    of the prompt (after the BOS) to fit `block_size`; None when the response and EOS (and
+    BOS) alone do not fit."""
+    p = sequence_start(tokenizer, tokenizer.encode(prompt) if prompt else [])
     r = tokenizer.encode(response) + [tokenizer.eos_id]
-    if len(r) > block_size:
+    bos = p[:1] if getattr(tokenizer, "bos_id", None) is not None else []
+    if len(bos) + len(r) > block_size:
         return None
-    p = p[max(0, len(p) + len(r) - block_size):]
+    p = bos + p[len(bos) + max(0, len(p) + len(r) - block_size):]
     return p + r, len(p)
 
 
@@ -211,7 +263,10 @@ def encode_prompt(tokenizer, prompt: str, max_len: int) -> list[int]:
     if not ids:
         raise UserError(f"the prompt {prompt!r} encodes to no tokens; give every prompt at least "
                         f"one word")
-    return ids[-max_len:]
+    ids = sequence_start(tokenizer, ids)
+    bos = ids[:1] if getattr(tokenizer, "bos_id", None) is not None else []
+    keep = min(len(ids) - len(bos), max(1, max_len - len(bos)))  # the BOS stays, the end too
+    return bos + ids[len(ids) - keep:]
 
 
 def left_pad(rows: list[list[int]], pad_id: int):
@@ -253,8 +308,10 @@ class SFTData:
     @staticmethod
     def encode(tokenizer, item, block_size: int):
         """(ids, trained) of a (prompt, response) pair (cut from the left of the prompt to fit)
-        or a Transcript (skipped when it does not fit: an episode cut anywhere would lose its
+        or a Transcript or Conversation (skipped when it does not fit: an episode cut anywhere would lose its
         opening or its end), or None when it cannot fit."""
+        if isinstance(item, Conversation):  # rendered in the tokenizer's chat format
+            item = Transcript(transcript(chat_format_of(tokenizer), item))
         if isinstance(item, Transcript):
             ids, acted = encode_transcript(tokenizer, item)
             return (ids, acted) if len(ids) <= block_size else None

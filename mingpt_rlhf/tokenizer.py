@@ -1,18 +1,18 @@
 """Tokenizers: one interface, two implementations.
 
-Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`,
-`vocab_size`, `pad_id`, `eos_id`, and `state_dict()` so that it travels inside a checkpoint
-(`tokenizer_from_state` rebuilds it). PAD and EOS are always different ids: if they were the
-same, masking out padding would also mask out every EOS and the model would never learn to
-stop.
+Every tokenizer here has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`
+(rows a model needs), `pad_id`, `eos_id`, `bos_id` (put first in a sequence, or None),
+`n_tokens` (ids from n_tokens on are model rows without a token, never to be sampled: Qwen has
+151,936 rows for 151,669 tokens), `state_dict()` (the checkpoint's copy, `tokenizer_from_state`).
+PAD and EOS always differ: masking out padding would otherwise mask every EOS, never learnt then.
 
-- `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word.
-  We chose words over characters because the built-in language is made of a few dozen words:
-  a demonstration (prompt, response and EOS) is 6-19 tokens (12 at the median) instead of
-  20-121 characters (62), so every stage trains and samples several times faster, and the
-  model cannot spell a word that does not exist, which is what makes `well_formed` >= 0.95
-  easy to reach after a short SFT run.
-- `BPETokenizer`: GPT-2's byte-level BPE (see `machinery/bpe.py`), for real models.
+- `WordTokenizer`: the small one for the built-in task. One id per whitespace-separated word:
+  the built-in language is a few dozen words, so a demonstration (prompt, response and EOS) is
+  6-19 tokens (12 at the median) instead of 20-121 characters (62): every stage trains and
+  samples several times faster, and the model cannot spell a word that does not exist, which
+  makes `well_formed` >= 0.95 easy to reach after a short SFT run.
+- `BPETokenizer`: byte-level BPE (`machinery/bpe.py`): GPT-2's vocab.json + merges.txt, or the
+  tokenizer.json of Qwen2/2.5, Qwen3, Llama 3, SmolLM2 (`machinery/tokenizer_json.py`, chat.py).
 
 Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
 """
@@ -38,6 +38,7 @@ class WordTokenizer:
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         assert len(self.stoi) == len(self.itos), "duplicate words in the vocabulary"
         self.pad_id, self.eos_id, self.unk_id = 0, 1, 2
+        self.bos_id = None
 
     @classmethod
     def from_texts(cls, texts) -> "WordTokenizer":
@@ -48,6 +49,10 @@ class WordTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.itos)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.itos)  # every id is a word (PAD's too: it is never sampled all the same)
 
     def encode(self, text: str) -> list[int]:
         return [self.stoi.get(w, self.unk_id) for w in text.split()]
@@ -60,7 +65,7 @@ class WordTokenizer:
         return {"type": "word", "words": self.itos[3:]}
 
 
-from .machinery.bpe import BPETokenizer  # noqa: E402  (GPT-2's tokenizer, same interface)
+from .machinery.bpe import BPETokenizer  # noqa: E402  (byte-level BPE, same interface)
 
 
 def tokenizer_from_state(state: dict):

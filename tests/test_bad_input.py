@@ -54,6 +54,11 @@ def world(tmp_path_factory, stages):
         "pref_no_rejected": json.dumps({"prompt": "a", "chosen": "b"}) + "\n",
         "prompt_number": json.dumps({"prompt": 7}) + "\n",
         "prompt_missing": json.dumps({"text": "the plot was"}) + "\n",
+        "msg_role": json.dumps({"messages": [{"role": "bot", "content": "hi"}]}) + "\n",
+        "msg_no_answer": json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n",
+        "msg_pair_answered": json.dumps({"messages": [{"role": "user", "content": "a"},
+                                                      {"role": "assistant", "content": "b"}],
+                                         "chosen": "c", "rejected": "d"}) + "\n",
     }
     for name, text in files.items():
         path = root / f"{name}.jsonl"
@@ -65,6 +70,12 @@ def world(tmp_path_factory, stages):
     (root / "garbage").mkdir()
     (root / "garbage" / "ckpt.pt").write_bytes(b"\x00not a torch file")
     (root / "empty_dir").mkdir()
+    # a SentencePiece model's tokenizer.json: no ByteLevel step, so not read
+    spiece = shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "tokenizers", "qwen3"),
+                             root / "sentencepiece")
+    spec = json.loads((spiece / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first"}
+    (spiece / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     return root
 
 
@@ -124,6 +135,11 @@ CASES = [
     ("train_sft", ["--data", W("sft_no_response.jsonl")], ["response"]),
     ("train_sft", ["--data", W("sft_number.jsonl")], ["response"]),
     ("train_sft", ["--data", W("garbage")], ["garbage"]),  # a folder, not a file
+    ("train_sft", ["--data", W("msg_role.jsonl")], ["msg_role.jsonl:1", "'bot'"]),
+    ("train_sft", ["--data", W("msg_no_answer.jsonl")], ["msg_no_answer.jsonl:1", "no assistant"]),
+    ("train_rm", ["--data", W("msg_pair_answered.jsonl")], ["ends with an assistant message"]),
+    ("train_ppo", ["--prompts", W("msg_role.jsonl"), "--ptx_coef", "0"], ["'bot'"]),
+    ("train_sft", ["--init_from", W("sentencepiece")], ["sentencepiece", "ByteLevel"]),
     ("train_sft", ["--data", W("demos.jsonl"), "--eval_data", W("empty.jsonl")], ["empty.jsonl"]),
     ("train_rm", ["--data", W("latin1.jsonl")], ["UTF-8"]),
     ("train_rm", ["--data", W("empty.jsonl")], ["empty.jsonl"]),

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..data import left_pad
+from ..data import left_pad, sequence_start
 from ..machinery.distributed import mean_over_ranks, shard
 from ..machinery.errors import UserError
 from ..logprobs import tempered_logprobs
@@ -262,7 +262,7 @@ def play_episodes(model, tokenizer, env_class, seeds: list[int], max_turns: int,
     for seed in seeds:
         env = Env(env_class, name, seed)
         text = env.reset()
-        opening = env.encode(tokenizer, text, "opening")
+        opening = sequence_start(tokenizer, env.encode(tokenizer, text, "opening"))
         if len(opening) + max_new_tokens > block:
             raise UserError(f"environment {name}: the opening of episode seed {seed} is "
                             f"{len(opening)} tokens, and a turn of --max_new_tokens "
