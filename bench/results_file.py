@@ -82,11 +82,13 @@ def variant_tag(options: str) -> str:
 def measured(root: str) -> str:
     """When and at which commit of the repository at `root` a run was made, and whether its
     tracked files had changes not yet committed ("2026-11-27 a5b235e", or "2026-11-27 a5b235e
-    with uncommitted changes": then the commit alone does not say what ran)."""
+    with uncommitted changes": then the commit alone does not say what ran). The results
+    folder does not count: a study writes its own JSON there after every run."""
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], text=True,
                                 capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no",
+                                "--", ".", ":!bench/results"],
                                text=True, capture_output=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown commit", ""
