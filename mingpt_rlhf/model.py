@@ -216,12 +216,15 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, vocab_size: int | None = None) -> "GPT":
-        """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...),
-        in eval mode. `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's
-        PAD), initialised to the mean embedding. Reading, renaming and downloading are
-        machinery/pretrained.py's; it knows nothing of this class."""
-        from .machinery.pretrained import copy_weights, gpt2_weights
-        config, tensors, source, path = gpt2_weights(name_or_path, vocab_size)
+        """Published weights, in eval mode: GPT-2 (a folder, a .safetensors file, or a name:
+        gpt2, gpt2-medium, ...), or a Hugging Face folder of Llama 3 / SmolLM2, Qwen2 / 2.5 or
+        Qwen3 (config.json and model.safetensors, or shards). `vocab_size`: the tokenizer's
+        ids, the columns of the logits. More than the checkpoint's rows adds rows (our BPE's
+        PAD), set to the mean embedding; fewer leaves rows no token uses (Qwen's), which are
+        never returned. Reading and renaming are machinery/pretrained.py's and families.py's;
+        they know nothing of this class."""
+        from .machinery.pretrained import copy_weights, pretrained_weights
+        config, tensors, source, path = pretrained_weights(name_or_path, vocab_size)
         # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
         # every parameter is overwritten
         model = build_empty(lambda: cls(GPTConfig(**config)))
