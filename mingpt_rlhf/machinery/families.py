@@ -30,6 +30,8 @@ import json
 import os
 import re
 
+import torch
+
 from .errors import UserError
 
 # model_type -> what its blocks have beyond Llama's (attention biases, q/k norms) and the
@@ -180,6 +182,15 @@ def rename(raw: dict, config: dict, where: str, file_of) -> tuple[dict, dict]:
         "layers.N.self_attn.o_proj.weight": (C, q), "layers.N.mlp.gate_proj.weight": (H, C),
         "layers.N.mlp.up_proj.weight": (H, C), "layers.N.mlp.down_proj.weight": (C, H),
     }
+    lacks = {  # what the configured model has no place for
+        "layers.N.self_attn.q_proj.bias": not config["qkv_bias"],
+        "layers.N.self_attn.k_proj.bias": not config["qkv_bias"],
+        "layers.N.self_attn.v_proj.bias": not config["qkv_bias"],
+        "layers.N.self_attn.q_norm.weight": not config["qk_norm"],
+        "layers.N.self_attn.k_norm.weight": not config["qk_norm"],
+        "lm_head.weight": config["tie_embeddings"],
+    }
+    embedding = raw.get("model.embed_tokens.weight", raw.get("embed_tokens.weight"))
     tensors, source = {}, {}
     for name, t in raw.items():
         if SKIPPED.fullmatch(name):
@@ -187,10 +198,14 @@ def rename(raw: dict, config: dict, where: str, file_of) -> tuple[dict, dict]:
         short = name[len("model."):] if name.startswith("model.") else name
         match = re.fullmatch(r"layers\.(\d+)\.(.+)", short)
         key = f"layers.N.{match.group(2)}" if match else short
-        if key not in WEIGHT_NAMES or (match and int(match.group(1)) >= config["n_layer"]):
-            raise UserError(f"{file_of(name)}: tensor {name!r} has no place in a "
-                            f"{config['n_layer']}-layer model of this family; the weights do "
-                            f"not belong to config.json (or it is another family)")
+        if key == "lm_head.weight" and config["tie_embeddings"] and embedding is not None \
+                and torch.equal(t, embedding):
+            continue  # a tied output layer saved twice: the embedding is all we need
+        if key not in WEIGHT_NAMES or lacks.get(key) or (match and int(match.group(1)) >= config["n_layer"]):
+            raise UserError(f"{file_of(name)}: tensor {name!r} has no place in the model "
+                            f"config.json describes ({config['n_layer']} layers, q/k/v biases "
+                            f"{config['qkv_bias']}, q/k norms {config['qk_norm']}, tied output "
+                            f"layer {config['tie_embeddings']}); the weights do not belong to it")
         if tuple(t.shape) != shapes[key]:
             raise UserError(f"{file_of(name)}: tensor {name!r} has shape {tuple(t.shape)} but "
                             f"config.json gives {shapes[key]}; the weights do not belong to "
