@@ -195,6 +195,7 @@ class GPT(nn.Module):
             ln_f=norm(config, config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.keep_float32 = True  # logits() computes in float32: never held in bf16
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
         self.grad_checkpoint = False  # recompute each block in backward (set by the scripts)

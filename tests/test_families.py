@@ -205,6 +205,17 @@ def test_lora_adapts_the_stacked_projections_and_merges_exactly():
         torch.testing.assert_close(merged(ids), model(ids), atol=1e-5, rtol=1e-5)
 
 
+def test_an_untied_output_layer_stays_float32_when_the_frozen_base_is_held_in_bf16():
+    """LoRA under bf16 holds the frozen Linear weights in bf16 (runtime.hold_frozen_in); the
+    output layer, tied (GPT-2, Qwen) or not (this Llama), computes the float32 logits."""
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
+    model = GPT.from_pretrained(str(FIXTURES / "llama_tiny"))
+    add_lora(model, 4, 8.0)
+    hold_frozen_in(model, torch.bfloat16)
+    assert model.lm_head.weight.dtype == torch.float32
+    assert model.transformer.h[0].mlp.c_fc.weight.dtype == torch.bfloat16
+
+
 def test_bfloat16_autocast_runs_the_modern_parts_close_to_float32():
     model = GPT.from_pretrained(str(FIXTURES / "qwen3_tiny"))
     ref = reference("qwen3_tiny")
