@@ -5,6 +5,8 @@ Qwen3. No download: each model is built from a configuration with random weights
     bench/peers/trl1/.venv/bin/python bench/parity_models.py               # every case
     bench/peers/trl1/.venv/bin/python bench/parity_models.py --cases llama_tiny qwen3_tiny
     bench/peers/trl1/.venv/bin/python bench/parity_models.py --fixtures    # rewrite tests/fixtures/models
+    python bench/parity_models.py --table        # the Markdown table of the JSON (docs/families.md)
+    python bench/parity_models.py --sizes        # published models' sizes in our GPT (docs/families.md)
 
 (the venv of bench/peers/trl1/setup.sh; this script puts the repository on sys.path itself).
 
@@ -235,14 +237,73 @@ def versions() -> dict:
     return {"transformers": transformers.__version__, "torch": torch.__version__}
 
 
+# published models' config.json values, for --sizes (our GPTConfig's names)
+PUBLISHED = {
+    "SmolLM2-135M": dict(vocab_size=49152, n_embd=576, mlp_hidden=1536, n_layer=30, n_head=9, n_kv_head=3),
+    "SmolLM2-360M": dict(vocab_size=49152, n_embd=960, mlp_hidden=2560, n_layer=32, n_head=15, n_kv_head=5),
+    "Qwen2.5-0.5B": dict(vocab_size=151936, n_embd=896, mlp_hidden=4864, n_layer=24, n_head=14,
+                         n_kv_head=2, qkv_bias=True),
+    "Qwen3-0.6B": dict(vocab_size=151936, n_embd=1024, mlp_hidden=3072, n_layer=28, n_head=16,
+                       n_kv_head=8, head_dim=128, qk_norm=True),
+    "Llama-3.2-1B": dict(vocab_size=128256, n_embd=2048, mlp_hidden=8192, n_layer=16, n_head=32, n_kv_head=8),
+    "Qwen3-1.7B": dict(vocab_size=151936, n_embd=2048, mlp_hidden=6144, n_layer=28, n_head=16,
+                       n_kv_head=8, head_dim=128, qk_norm=True),
+}
+
+
+def sizes() -> str:
+    """Each published model's parameters in our GPT (built on the meta device: no memory) and
+    the bytes they take: float32 weights; full fine-tuning with AdamW (weights, gradients and
+    two moments, 16 bytes a parameter); the parameters LoRA rank 16 trains on c_attn, c_proj
+    and c_fc. Arithmetic, not a measurement: activations and the other models of a method
+    come on top (docs/families.md)."""
+    from mingpt_rlhf.machinery.lora import DEFAULT_TARGETS
+    from mingpt_rlhf.model import GPT, GPTConfig
+    lines = ["| model | parameters (embedding) | float32 weights | full fine-tuning, AdamW | "
+             "LoRA rank 16 trains |", "|---|---|---|---|---|"]
+    for name, shape in PUBLISHED.items():
+        with torch.device("meta"):
+            model = GPT(GPTConfig(block_size=1, bias=False, rope_theta=1e6, rms_norm_eps=1e-6,
+                                  vocab_multiple=1, **shape))
+            params, embedding = model.num_params(), model.transformer.wte.weight.numel()
+        # rank x (in + out) for each adapted layer: A is (r, in), B (out, r)
+        lora = sum(16 * (m.in_features + m.out_features) for name, m in model.named_modules()
+                   if name.endswith(DEFAULT_TARGETS) and isinstance(m, torch.nn.Linear))
+        lines.append(f"| {name} | {params / 1e6:,.0f} M ({embedding / 1e6:,.0f} M) | "
+                     f"{4 * params / 1e9:.1f} GB | {16 * params / 1e9:.1f} GB | {lora / 1e6:.1f} M |")
+    return "\n".join(lines) + "\n\npython bench/parity_models.py --sizes"
+
+
+def table(results: dict) -> str:
+    """The cases of the JSON as a Markdown table."""
+    lines = ["| case | family, shape | file | largest logit difference (largest logit) | "
+             "greedy tokens equal (ties) |", "|---|---|---|---|---|"]
+    for name, r in results["cases"].items():
+        lines.append(f"| {name} | {r['family']}, {r['size']} | {r['dtype']}, {r['shards']} "
+                     f"file{'s' if r['shards'] > 1 else ''} | {r['max_abs_logit_diff']:.1e} "
+                     f"({r['logit_scale']:.2f}) | {r['greedy_tokens_compared']} of "
+                     f"{r['greedy_tokens']} ({r['greedy_ties']}) |")
+    return "\n".join(lines) + f"\n\n{results['command']}; {results['measured']}, transformers " \
+        f"{results['transformers']}, torch {results['torch']}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--table", action="store_true", help="print the JSON's table and exit")
+    ap.add_argument("--sizes", action="store_true", help="print published models' sizes and exit")
     ap.add_argument("--cases", nargs="*", choices=list(CASES), default=list(CASES))
     ap.add_argument("--fixtures", action="store_true", help="also rewrite tests/fixtures/models/ (tiny cases)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=RESULTS)
     args = ap.parse_args()
+    if args.table or args.sizes:
+        if args.table:
+            with open(args.json) as f:
+                print(table(json.load(f)))
+        else:
+            print(sizes())
+        return
     torch.set_num_threads(args.threads)
     import warnings
     warnings.filterwarnings("ignore")

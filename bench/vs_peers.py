@@ -297,8 +297,9 @@ def write_qwen3_checkpoint(path: str, shape: dict, eos_id: int, seed: int = 0) -
     unsampleable EOS. RMSNorm has no bias to aim at (`unsampleable_eos` uses GPT-2's), so one
     coordinate j of the residual stream is made a constant: every embedding row holds 0.1 there
     and no o_proj or down_proj row writes to it, so x_j = 0.1 at every layer and the final
-    norm's output h_j = w_j x_j / rms(x) > 0. EOS's (tied) row is -100 at j and 0 elsewhere:
-    its logit -100 h_j lies far below every other, which share the same + 0.1 h_j."""
+    norm's output h_j = w_j x_j / rms(x) > 0 (0.03 at Qwen3-0.6B's shape, where rms(x) ends
+    near 3). EOS's (tied) row is -3000 at j and 0 elsewhere, never an input: its logit
+    -3000 h_j (about -90) lies far below every other, which share the same + 0.1 h_j."""
     shapes, j = qwen3_tensors(shape), 0
     header, offset = {}, 0
     for name, dims in shapes.items():
@@ -320,7 +321,7 @@ def write_qwen3_checkpoint(path: str, shape: dict, eos_id: int, seed: int = 0) -
             if name == "model.embed_tokens.weight":
                 t[:, j] = 0.1
                 t[eos_id] = 0.0
-                t[eos_id, j] = -100.0
+                t[eos_id, j] = -3000.0
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 t[j] = 0.0
             f.write(t.numpy().tobytes())
@@ -367,17 +368,16 @@ def write_qwen3_fixture(folder: str, shape: dict = QWEN3, n_prompts: int = 200) 
 
 
 def check_eos_unsampleable(folder: str, tok, prompts: list[str]) -> None:
-    """EOS's logit at every position of `prompts` is 30 below every other token's (else a
-    response of ours could end early, less work than trl's)."""
+    """EOS's log-probability at every position of `prompts` is below -30 (else a response of
+    ours could end early: less work than trl's)."""
     import torch
     from mingpt_rlhf.model import GPT
     model = GPT.from_pretrained(folder, vocab_size=tok.vocab_size)
     with torch.no_grad():
         logits = model(torch.tensor([tok.encode(p) for p in prompts]))
-    others = torch.cat([logits[..., :tok.eos_id], logits[..., tok.eos_id + 1:tok.pad_id]], -1)
-    margin = float((others.min(-1).values - logits[..., tok.eos_id]).min())
-    if margin < 30:
-        raise SystemExit(f"{folder}: EOS's logit is only {margin:.1f} below the others")
+    worst = float(torch.log_softmax(logits, -1)[..., tok.eos_id].max())
+    if worst > -30:
+        raise SystemExit(f"{folder}: EOS's log-probability reaches {worst:.1f}; it could be sampled")
 
 
 def grpo_dir(shape: str) -> str:

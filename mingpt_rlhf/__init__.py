@@ -2,7 +2,8 @@
 
 The recipe is this folder, in reading order:
 
-    model.py        the GPT: GPT-2's architecture and parameter names, padding mask, KV cache
+    model.py        the GPT: GPT-2's architecture and parameter names, padding mask, KV cache;
+                    the parts today's families swap in (rotary, RMSNorm, SwiGLU, grouped k/v)
     tokenizer.py    one tokenizer interface: the built-in word tokenizer (and GPT-2's BPE)
     data.py         JSONL readers with validation, padding and batching, the SFT loss mask
     task_base.py    what a built-in task is: prompts, demonstrations, preference pairs, gold
