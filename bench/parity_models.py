@@ -283,8 +283,8 @@ def table(results: dict) -> str:
                      f"file{'s' if r['shards'] > 1 else ''} | {r['max_abs_logit_diff']:.1e} "
                      f"({r['logit_scale']:.2f}) | {r['greedy_tokens_compared']} of "
                      f"{r['greedy_tokens']} ({r['greedy_ties']}) |")
-    return "\n".join(lines) + f"\n\n{results['command']}; {results['measured']}, transformers " \
-        f"{results['transformers']}, torch {results['torch']}"
+    return "\n".join(lines) + f"\n\n(`{results['command']}`, {results['measured']}, transformers " \
+        f"{results['transformers']}, torch {results['torch']}; the table: `python bench/parity_models.py --table`)"
 
 
 def main():
@@ -316,8 +316,8 @@ def main():
         result = run_case(name, args.seed, args.fixtures)
         results["cases"][name] = {**result, "measured": measured(ROOT)}
         print(name, json.dumps({k: v for k, v in result.items() if k != "config"}), flush=True)
-    results.update(command="bench/peers/trl1/.venv/bin/python bench/parity_models.py "
-                           + " ".join(sys.argv[1:]), tolerance={"atol": ATOL, "rtol": RTOL, "tie": TIE},
+    results.update(command=" ".join(["bench/peers/trl1/.venv/bin/python bench/parity_models.py",
+                                     *sys.argv[1:]]), tolerance={"atol": ATOL, "rtol": RTOL, "tie": TIE},
                    measured=measured(ROOT), **versions())
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json + ".tmp", "w") as f:
