@@ -6,6 +6,7 @@
     python sample.py --ckpt_dir out/ppo      # no --prompt, a terminal: one prompt per line
     python sample.py --ckpt_dir out/guess/grpo --env guess --num_samples 3   # 3 whole episodes
     python sample.py --ckpt_dir out/guess/grpo --play_env   # you are the environment
+    python sample.py --init_from ~/models/SmolLM2-135M --prompt "The capital of France is"
     python sample.py --ckpt_dir out/ppo --prompts prompts.jsonl --num_samples 4 --out teacher.jsonl
         # the responses as demonstrations: python train_sft.py --data teacher.jsonl (distillation
         # from a teacher's samples, off-policy; docs/distill.md)
@@ -42,6 +43,8 @@ from mingpt_rlhf.tokenizer import WordTokenizer, same_tokenizer
 @dataclass
 class Config:
     ckpt_dir: str = opt("out/ppo", "folder of the policy to sample (SFT, PPO, GRPO, RLOO or DPO)")
+    init_from: str = opt("", "sample published weights instead of --ckpt_dir: a GPT-2 name, or a "
+                             "folder of GPT-2, Llama 3 / SmolLM2, Qwen2 / 2.5 or Qwen3")
     prompt: str = opt("", "one prompt, as it is (none: read --prompts, or prompts typed one per "
                           "line)")
     prompts: str = opt("", "JSONL file of {prompt} or {messages} lines to answer (messages: "
@@ -70,9 +73,10 @@ class Config:
                        "--max_new_tokens without EOS are left out, and counted)")
 
 
-def load_sampler(folder: str, device, flag: str):
-    """(policy, tokenizer) from a policy checkpoint folder (load_policy refuses a reward model)."""
-    policy, tokenizer, _ = load_policy(folder, flag=flag)
+def load_sampler(folder: str, device, flag: str, init_from: str = ""):
+    """(policy, tokenizer) from a policy checkpoint folder (load_policy refuses a reward model),
+    or from published weights (`init_from`)."""
+    policy, tokenizer, _ = load_policy(folder, init_from, flag=flag)
     return policy.to(device), tokenizer
 
 
@@ -97,7 +101,8 @@ class Answerer:
 
     def __init__(self, cfg: Config):
         self.cfg, device = cfg, pick_device(cfg.device)
-        self.policies = [(cfg.ckpt_dir, *load_sampler(cfg.ckpt_dir, device, "--ckpt_dir"))]
+        name = cfg.init_from or cfg.ckpt_dir
+        self.policies = [(name, *load_sampler(cfg.ckpt_dir, device, "--ckpt_dir", cfg.init_from))]
         if cfg.compare:
             self.policies.append((cfg.compare, *load_sampler(cfg.compare, device, "--compare")))
             if not same_tokenizer(self.policies[0][2], self.policies[1][2]):
@@ -216,10 +221,12 @@ def play(cfg: Config, stdin, out) -> list[dict]:
     device = pick_device(cfg.device)
     env_class, name = (person_as_environment(stdin, out), "you") if cfg.play_env else load_env(cfg.env)
     seeds = [0] if cfg.play_env else list(range(cfg.env_seed, cfg.env_seed + cfg.num_samples))
-    folders = [cfg.ckpt_dir] + ([cfg.compare] if cfg.compare else [])
+    sources = [(cfg.ckpt_dir, "--ckpt_dir", cfg.init_from)] + ([(cfg.compare, "--compare", "")]
+                                                                if cfg.compare else [])
     rows = []
-    for folder in folders:
-        policy, tokenizer = load_sampler(folder, device, "--ckpt_dir" if folder == cfg.ckpt_dir else "--compare")
+    for folder, flag, init_from in sources:
+        policy, tokenizer = load_sampler(folder, device, flag, init_from)
+        folder = init_from or folder
         source = EpisodeSource(env_class, name, tokenizer, cfg.max_turns)
         generator = torch.Generator(device).manual_seed(cfg.seed)
         ep = source.play(policy, seeds, cfg, generator)

@@ -8,6 +8,7 @@ policy; with `--lora_rank` it is the policy with its adapters switched off (no s
     python train_dpo.py                          # built-in task, from out/sft
     python train_dpo.py --data prefs.jsonl       # {"prompt", "chosen", "rejected"} lines
     python train_dpo.py --loss ipo --beta 0.5    # IPO's squared loss
+    python train_dpo.py --init_from ~/models/Qwen3-0.6B --data prefs.jsonl --lora_rank 16
     torchrun --standalone --nproc_per_node 2 train_dpo.py --batch_size 16   # 2 GPUs or CPU processes
 
 Logs loss, reward_acc (implicit reward of chosen > rejected), margin, chosen_reward and
@@ -35,7 +36,8 @@ from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, s
 from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
-from mingpt_rlhf.machinery.lora import adapters_disabled, add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import (TARGETS_HELP, adapters_disabled, add_lora, check_lora_options,
+                                        parse_targets)
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog
@@ -49,6 +51,9 @@ from mingpt_rlhf.tasks import get_task
 class Config:
     out_dir: str = opt("out/dpo", "folder for ckpt.pt and metrics.jsonl")
     sft_dir: str = opt("out/sft", "SFT output folder: policy and reference start from it")
+    init_from: str = opt("", "policy and reference from published weights instead of --sft_dir: "
+                             "a GPT-2 name, or a folder of GPT-2, Llama 3 / SmolLM2, Qwen2 / 2.5 "
+                             "or Qwen3 (docs/families.md)")
     task: str = opt("reviews", "built-in task giving preference pairs, prompts and a gold reward")
     data: str = opt("", "JSONL of {prompt, chosen, rejected} lines; replaces the task's pairs")
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
@@ -81,7 +86,7 @@ class Config:
                             "policy with its adapters off", group=MACHINERY)
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
                             group=MACHINERY)
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+    lora_targets: str = opt("c_attn,c_proj,c_fc", TARGETS_HELP,
                             group=MACHINERY)
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
                                 group=MACHINERY)
@@ -117,14 +122,15 @@ def main(cfg: Config) -> dict:
     ckpt_path, resumed = resume_checkpoint(cfg.out_dir, cfg.resume, "dpo")
 
     # ---- models: the policy and its frozen reference, both the SFT model at the start
-    policy, tokenizer, origin = load_policy(cfg.sft_dir)
+    policy, tokenizer, origin = load_policy(cfg.sft_dir, cfg.init_from)
     require_room_for_prompt(cfg.max_new_tokens, policy.config.block_size)  # the eval samples
     policy.to(device)
     if cfg.lora_rank > 0:
         add_lora(policy, cfg.lora_rank, cfg.lora_alpha, parse_targets(cfg.lora_targets))
         ref = None  # the policy with its adapters switched off
     else:
-        ref = load_policy(cfg.sft_dir, frozen=True)[0].to(device)  # pages of the SFT checkpoint
+        # frozen: from an SFT checkpoint, its weights stay pages of the file
+        ref = load_policy(cfg.sft_dir, cfg.init_from, frozen=True)[0].to(device)
     policy.grad_checkpoint = cfg.grad_checkpoint
     if cfg.compile:
         policy.compile_blocks()
@@ -135,7 +141,7 @@ def main(cfg: Config) -> dict:
         load_resume_state(policy, resumed["resume"], ckpt_path)
     rm = None
     if cfg.rm_dir:
-        rm = load_reward_model(cfg.rm_dir, tokenizer, cfg.sft_dir).to(device)
+        rm = load_reward_model(cfg.rm_dir, tokenizer, cfg.init_from or cfg.sft_dir).to(device)
     suppress = tokenizer.pad_id if tokenizer.pad_id != tokenizer.eos_id else None
 
     def reference():  # the frozen SFT policy
@@ -144,7 +150,7 @@ def main(cfg: Config) -> dict:
     # ---- data: the preference pairs of train_rm.py, and held-out prompts for the eval
     task = None if cfg.data else get_task(cfg.task, seed=cfg.seed, n_pairs_train=cfg.n_pairs)
     if task is not None:
-        task.check_vocabulary(tokenizer, cfg.sft_dir)
+        task.check_vocabulary(tokenizer, cfg.init_from or cfg.sft_dir)
         train_pairs, eval_pairs = task.preference_pairs("train"), task.preference_pairs("eval")
         eval_prompts = task.prompts("eval")[:cfg.eval_prompts]
     else:

@@ -38,7 +38,7 @@ from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import decode_rows, distinct_n
 from mingpt_rlhf.lab.hacking import HeldOutGap
 from mingpt_rlhf.heads import Critic, ScalarHead
-from mingpt_rlhf.machinery.lora import add_lora, has_lora, merged_state_dict, parse_targets
+from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import ADVANTAGES, GROUP_ALGOS, POLICY_LOSSES, LossSpec, spec_of
 from mingpt_rlhf.model import GPTConfig, build_empty
 from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, default_of, reads  # noqa: F401 (tests call them here)
@@ -90,7 +90,9 @@ HACKING = "reward hacking: a held-out reward model and the warning signals"
 class Config:
     out_dir: str = opt("out/ppo", "folder for ckpt.pt and metrics.jsonl", group=RECIPE)
     sft_dir: str = opt("out/sft", "SFT output folder: actor and reference start from it")
-    init_from: str = opt("", "actor and reference from GPT-2 weights instead of --sft_dir")
+    init_from: str = opt("", "actor and reference from published weights instead of "
+                             "--sft_dir: a GPT-2 name (gpt2, ...), or a folder of GPT-2, "
+                             "Llama 3 / SmolLM2, Qwen2 / 2.5 or Qwen3")
     rm_dir: str = opt("out/rm", "reward model output folder (with --reward rm): the reward, and "
                                 "where the separate critic starts")
     reward: str = opt("rm", "where the reward comes from: rm (the reward model in --rm_dir) | "
@@ -353,7 +355,7 @@ class Config:
                             "reference is the actor with its adapters off", group=MACHINERY)
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
                             group=MACHINERY)
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+    lora_targets: str = opt("c_attn,c_proj,c_fc", TARGETS_HELP,
                             group=MACHINERY)
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
                                 group=MACHINERY)

@@ -46,7 +46,7 @@ from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.lab.ensemble import warm_average, write_manifest
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
-from mingpt_rlhf.machinery.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
@@ -62,7 +62,9 @@ from mingpt_rlhf.tokenizer import EOS, same_tokenizer
 class Config:
     out_dir: str = opt("out/rm", "folder for ckpt.pt and metrics.jsonl")
     sft_dir: str = opt("out/sft", "SFT output folder: the trunk and tokenizer start from it")
-    init_from: str = opt("", "start the trunk from GPT-2 weights instead (a name or a folder)")
+    init_from: str = opt("", "start the trunk from published weights instead: a GPT-2 name "
+                             "(gpt2, ...), or a folder of GPT-2, Llama 3 / SmolLM2, Qwen2 / 2.5 "
+                             "or Qwen3")
     task: str = opt("reviews", "built-in task giving preference pairs and a gold reward")
     data: str = opt("", "JSONL of {prompt, chosen, rejected} lines; replaces the task's pairs")
     eval_data: str = opt("", "held-out preference JSONL (default: 5%% of --data)")
@@ -107,7 +109,7 @@ class Config:
                          group=MACHINERY)
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
                             group=MACHINERY)
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+    lora_targets: str = opt("c_attn,c_proj,c_fc", TARGETS_HELP,
                             group=MACHINERY)
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
                                 group=MACHINERY)

@@ -39,7 +39,7 @@ from mingpt_rlhf.methods.episodes import EpisodeSource, load_env, play_and_measu
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import policy_report, sample_responses
 from mingpt_rlhf.logprobs import lm_loss
-from mingpt_rlhf.machinery.lora import add_lora, check_lora_options, parse_targets
+from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer
 from mingpt_rlhf.machinery.plot import picture_of_run
@@ -64,7 +64,9 @@ class Config:
                        "teacher episodes are the demonstrations (docs/multiturn.md)")
     max_turns: int = opt(8, "with --env: most policy turns of an eval episode")
     eval_data: str = opt("", "held-out JSONL for eval_loss (default: 5%% of --data)")
-    init_from: str = opt("", "start from GPT-2 weights: a name (gpt2, ...) or a folder")
+    init_from: str = opt("", "start from published weights: a GPT-2 name (gpt2, ...), or a "
+                             "folder of GPT-2, Llama 3 / SmolLM2, Qwen2 / 2.5 or Qwen3 "
+                             "(docs/families.md)")
     n_layer: int = opt(4, "transformer blocks (new model only)")
     n_head: int = opt(4, "attention heads (new model only)")
     n_embd: int = opt(128, "embedding width (new model only)")
@@ -91,7 +93,7 @@ class Config:
                          group=MACHINERY)
     lora_alpha: float = opt(32.0, "LoRA scale alpha (the update is alpha / rank x B A)",
                             group=MACHINERY)
-    lora_targets: str = opt("c_attn,c_proj,c_fc", "comma-separated Linear layers LoRA adapts",
+    lora_targets: str = opt("c_attn,c_proj,c_fc", TARGETS_HELP,
                             group=MACHINERY)
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
                                 group=MACHINERY)

@@ -56,11 +56,14 @@ BATCHES = {
 # ----------------------------------------------------------------------------- fixtures
 def write_bpe_files(folder: str, n_merges: int = 50000) -> None:
     """A GPT-2-sized byte-level BPE: 256 byte symbols, `n_merges` merges of two byte symbols
-    each, then <|endoftext|>: 50,257 ids, like GPT-2's."""
+    each, then <|endoftext|>: 50,257 ids, like GPT-2's. Past the 65,536 pairs of bytes (Qwen's
+    ~151,670 ids), each further merge joins one of those pairs and a third byte."""
     sys.path.insert(0, ROOT)
     from mingpt_rlhf.machinery.bpe import EOT, byte_to_unicode
     base = list(byte_to_unicode().values())
-    merges = [(base[i % 256], base[i // 256]) for i in range(n_merges)]
+    merges = [(base[i % 256], base[i // 256]) for i in range(min(n_merges, 256 * 256))]
+    merges += [(base[k // 256 % 256] + base[k // 65536], base[k % 256])
+               for k in range(n_merges - len(merges))]
     tokens = base + [a + b for a, b in merges]
     encoder = {t: i for i, t in enumerate(tokens)}
     encoder[EOT] = len(encoder)

@@ -7,6 +7,7 @@ PPOTrainer and transformers 4.45.2's generate (venv bench/peers/).
     python bench/vs_peers.py                     # every part, 3 rounds
     python bench/vs_peers.py --part toy gpt2 --rounds 5
     python bench/vs_peers.py --part grpo_toy grpo_gpt2 grpo_toy_bf16 grpo_gpt2_bf16
+    python bench/vs_peers.py --part grpo_qwen3 --rounds 1     # Qwen3-0.6B's shape (not in the default set)
 
 Parts (each the same shapes, batch, lengths, sampling and thread count on both sides):
 - toy:        one PPO iteration of bench/ppo_speed.py's config (vocab 64, 4 x 4 x 128; 64
@@ -32,6 +33,15 @@ Parts (each the same shapes, batch, lengths, sampling and thread count on both s
 - grpo_toy_defaults, grpo_gpt2_defaults: the same workload, each side with its own defaults
               for everything else (trl: bf16, gradient checkpointing, loss "dapo", beta 0, ...;
               ours: float32 on a CPU, Dr. GRPO with the KL in the reward, ...).
+- grpo_qwen3 (float32; also _bf16, _defaults): the same GRPO step at Qwen3-0.6B's shape (28
+              layers x 1,024, 16 query and 8 key/value heads of 128, SwiGLU 3,072, vocabulary
+              151,936, tied), random weights in a Hugging Face folder both sides load
+              (`write_qwen3_fixture`), at QWEN3_PROMPTS prompts x 4 (fewer than 8 so that both
+              sides fit in memory: an out-of-memory kill is recorded as a result, not an
+              error), and its summary gives where the time goes at this vocabulary
+              (`output_layer_floors`: the output layer's matmuls and log-softmax alone, at
+              this machine's measured rates). Not in the default set of parts: ~10 minutes a
+              round on 2 cores.
 Seconds are medians over each process's measured iterations (after a warm-up iteration);
 peak memory is the whole process's peak resident set (VmHWM), loading included, under glibc's
 default allocator. Each round runs ours, then the peer, each in a fresh process, so a slow
@@ -49,8 +59,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -159,16 +171,31 @@ GRPO_SHAPES = {"toy": dict(n_layer=4, n_head=4, n_embd=128),       # GPT-2's voc
 GRPO = dict(prompts=8, group=4, prompt=64, new=32)
 # the work of one step, the same as bench/peers/trl_grpo.py's: 8 prompts x 4, 32 new tokens,
 # one pass of one minibatch (one AdamW step), plain sampling
-GRPO_FLAGS = ["--algo", "grpo", "--group_size", str(GRPO["group"]),
-              "--rollout_batch_size", str(GRPO["prompts"] * GRPO["group"]),
-              "--minibatch_size", str(GRPO["prompts"] * GRPO["group"]), "--ppo_epochs", "1",
-              "--max_new_tokens", str(GRPO["new"]), "--temperature", "1", "--top_k", "0", "--top_p", "1"]
+def grpo_flags(prompts: int) -> list[str]:
+    return ["--algo", "grpo", "--group_size", str(GRPO["group"]),
+            "--rollout_batch_size", str(prompts * GRPO["group"]),
+            "--minibatch_size", str(prompts * GRPO["group"]), "--ppo_epochs", "1",
+            "--max_new_tokens", str(GRPO["new"]), "--temperature", "1", "--top_k", "0", "--top_p", "1"]
+
+
+GRPO_FLAGS = grpo_flags(GRPO["prompts"])
 # trl's settings in bench/peers/trl_grpo.py, in our options: the GRPO paper's normalisation
 # (group mean and std, each response's token mean) with beta x k3 in the loss at a fixed 0.04,
 # no early stop on approx-KL, no ptx, a cut-off response keeps its score (trl has no penalty)
 GRPO_EQUAL = ["--grpo_norm", "grpo", "--kl_in", "loss", "--kl_coef", "0.04", "--adaptive_kl", "false",
               "--clip_range", "0.2", "--target_kl", "0", "--ptx_coef", "0", "--entropy_coef", "0",
               "--penalize_missing_eos", "false", "--grad_clip", "1.0", "--actor_lr", "5e-5"]
+
+
+# Qwen3-0.6B's shape (a published config.json's values), and the rows of its embedding that a
+# token uses: Qwen3's tokenizer has 151,669 ids for 151,936 rows
+QWEN3 = dict(vocab=151936, tokens=151669, n_layer=28, n_head=16, n_kv_head=8, head_dim=128,
+             n_embd=1024, mlp=3072, rope_theta=1000000.0, positions=40960)
+QWEN3_PROMPTS = 4  # prompts per step at that shape (x a group of 4); GRPO["prompts"] elsewhere
+GRPO_PROMPTS = {"qwen3": QWEN3_PROMPTS, "qwen3_tiny": GRPO["prompts"]}
+# a test's size of the same family and layout (tests/test_vs_peers.py)
+QWEN3_TINY = dict(vocab=640, tokens=600, n_layer=2, n_head=4, n_kv_head=2, head_dim=16,
+                  n_embd=32, mlp=48, rope_theta=1000000.0, positions=256)
 
 
 # ours's own memory saver, not a change of the work: each minibatch of 32 learnt in slices of 8
@@ -248,22 +275,130 @@ def write_grpo_fixture(folder: str, n_layer: int, n_head: int, n_embd: int,
     return folder
 
 
+def qwen3_tensors(shape: dict) -> dict:
+    """The Hugging Face names and shapes of a Qwen3 model of `shape` (tied output layer)."""
+    C, hs, H = shape["n_embd"], shape["head_dim"], shape["mlp"]
+    q, kv = shape["n_head"] * hs, shape["n_kv_head"] * hs
+    shapes = {"model.embed_tokens.weight": (shape["vocab"], C)}
+    for i in range(shape["n_layer"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (C,), p + "self_attn.q_proj.weight": (q, C),
+                       p + "self_attn.k_proj.weight": (kv, C), p + "self_attn.v_proj.weight": (kv, C),
+                       p + "self_attn.q_norm.weight": (hs,), p + "self_attn.k_norm.weight": (hs,),
+                       p + "self_attn.o_proj.weight": (C, q), p + "post_attention_layernorm.weight": (C,),
+                       p + "mlp.gate_proj.weight": (H, C), p + "mlp.up_proj.weight": (H, C),
+                       p + "mlp.down_proj.weight": (C, H)})
+    shapes["model.norm.weight"] = (C,)
+    return shapes
+
+
+def write_qwen3_checkpoint(path: str, shape: dict, eos_id: int, seed: int = 0) -> None:
+    """Random float32 weights of a Qwen3 model in safetensors, written tensor by tensor, with an
+    unsampleable EOS. RMSNorm has no bias to aim at (`unsampleable_eos` uses GPT-2's), so one
+    coordinate j of the residual stream is made a constant: every embedding row holds 0.1 there
+    and no o_proj or down_proj row writes to it, so x_j = 0.1 at every layer and the final
+    norm's output h_j = w_j x_j / rms(x) > 0 (0.03 at Qwen3-0.6B's shape, where rms(x) ends
+    near 3). EOS's (tied) row is -3000 at j and 0 elsewhere, never an input: its logit
+    -3000 h_j (about -90) lies far below every other, which share the same + 0.1 h_j."""
+    shapes, j = qwen3_tensors(shape), 0
+    header, offset = {}, 0
+    for name, dims in shapes.items():
+        size = 4 * math.prod(dims)
+        header[name] = {"dtype": "F32", "shape": list(dims), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for name, dims in shapes.items():
+            if name.endswith("norm.weight"):
+                t = 1 + 0.1 * torch.randn(dims, generator=gen)
+                t[j] = 1.0 if name == "model.norm.weight" else t[j]
+            else:
+                t = torch.randn(dims, generator=gen) * 0.02
+            if name == "model.embed_tokens.weight":
+                t[:, j] = 0.1
+                t[eos_id] = 0.0
+                t[eos_id, j] = -3000.0
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                t[j] = 0.0
+            f.write(t.numpy().tobytes())
+
+
+def write_qwen3_fixture(folder: str, shape: dict = QWEN3, n_prompts: int = 200) -> str:
+    """The Hugging Face folder both sides of a grpo_qwen3 part load, once: config.json (trl's
+    EOS one past the rows, as in the GPT-2 parts), weights (`write_qwen3_checkpoint`), a BPE of
+    shape["tokens"] ids for ours (<|endoftext|> the last: our EOS, made unsampleable; our PAD
+    the first row no token uses), and prompts.jsonl of `n_prompts` texts of exactly 64 tokens.
+    Checks that ours never prefers EOS on its prompts. Returns `folder`."""
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from gpt2_scale import texts_of_length, write_bpe_files
+    from mingpt_rlhf.machinery.bpe import BPETokenizer
+    prompts_file = os.path.join(folder, "prompts.jsonl")
+    if os.path.exists(prompts_file):  # written last: its presence means the rest is there
+        return folder
+    os.makedirs(folder, exist_ok=True)
+    write_bpe_files(folder, shape["tokens"] - 257)
+    write_qwen3_checkpoint(os.path.join(folder, "model.safetensors"), shape, eos_id=shape["tokens"] - 1)
+    V = shape["vocab"]
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": V,
+                   "hidden_size": shape["n_embd"], "intermediate_size": shape["mlp"],
+                   "num_hidden_layers": shape["n_layer"], "num_attention_heads": shape["n_head"],
+                   "num_key_value_heads": shape["n_kv_head"], "head_dim": shape["head_dim"],
+                   "max_position_embeddings": shape["positions"], "rope_theta": shape["rope_theta"],
+                   "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_act": "silu",
+                   "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+                   "sliding_window": None, "bos_token_id": V, "eos_token_id": V,
+                   "pad_token_id": None}, f)  # an embedding padding_idx must be a row
+    tok = BPETokenizer.from_pretrained(folder)
+    prompts, seed = [], 0
+    while len(prompts) < n_prompts:  # texts_of_length is +-1 token: keep the exact ones
+        prompts += [p for p in texts_of_length(tok, GRPO["prompt"], n_prompts, seed)
+                    if len(tok.encode(p)) == GRPO["prompt"]]
+        seed += 1
+    check_eos_unsampleable(folder, tok, prompts[:4])
+    with open(prompts_file + ".part", "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts[:n_prompts])
+    os.replace(prompts_file + ".part", prompts_file)
+    return folder
+
+
+def check_eos_unsampleable(folder: str, tok, prompts: list[str]) -> None:
+    """EOS's log-probability at every position of `prompts` is below -30 (else a response of
+    ours could end early: less work than trl's)."""
+    import torch
+    from mingpt_rlhf.model import GPT
+    model = GPT.from_pretrained(folder, vocab_size=tok.vocab_size)
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode(p) for p in prompts]))
+    worst = float(torch.log_softmax(logits, -1)[..., tok.eos_id].max())
+    if worst > -30:
+        raise SystemExit(f"{folder}: EOS's log-probability reaches {worst:.1f}; it could be sampled")
+
+
 def grpo_dir(shape: str) -> str:
     return os.path.join(FIXTURES, f"grpo_{shape}")
 
 
 def grpo_fixture(shape: str) -> str:
+    if shape.startswith("qwen3"):
+        return write_qwen3_fixture(grpo_dir(shape), QWEN3 if shape == "qwen3" else QWEN3_TINY)
     return write_grpo_fixture(grpo_dir(shape), **GRPO_SHAPES[shape])
 
 
-def grpo_argv(fixture: str, mode: str, iters: int, out_dir: str) -> list[str]:
+def grpo_argv(fixture: str, mode: str, iters: int, out_dir: str,
+              prompts: int = GRPO["prompts"]) -> list[str]:
     """train_ppo's command line for a grpo part: the workload, then GRPO_EQUAL and the dtype
     (mode float32 / bfloat16), or nothing more (mode defaults: ours's own defaults), then what
     no step times (where the model, prompts and reward come from; evals only at the end)."""
     if mode not in ("float32", "bfloat16", "defaults"):
         raise ValueError(f"mode {mode!r}: float32, bfloat16 or defaults")
     settings = [] if mode == "defaults" else GRPO_EQUAL + OURS_LEAN + ["--dtype", mode]
-    return GRPO_FLAGS + settings + [
+    return grpo_flags(prompts) + settings + [
         "--init_from", fixture, "--prompts", os.path.join(fixture, "prompts.jsonl"),
         "--reward", f"{os.path.abspath(__file__)}:trivial_reward", "--device", "cpu",
         "--max_iters", str(iters), "--out_dir", out_dir,
@@ -281,7 +416,7 @@ def ours_grpo(threads: int, shape: str, mode: str, warmup: int = 1, iters: int =
     from mingpt_rlhf.machinery.cli import parse_config
     fixture = fixture or grpo_fixture(shape)
     with tempfile.TemporaryDirectory(prefix="vs_peers_") as out_dir:  # its checkpoint
-        argv = grpo_argv(fixture, mode, warmup + iters, out_dir)
+        argv = grpo_argv(fixture, mode, warmup + iters, out_dir, GRPO_PROMPTS.get(shape, GRPO["prompts"]))
         cfg = parse_config(train_ppo.Config, argv)
         result = timed_train_ppo(cfg, warmup)
     assert set(result["resp_len_all"]) == {GRPO["new"]}, f"a response ended early: {result['resp_len_all']}"
@@ -362,6 +497,26 @@ def machine_rates(threads: int) -> dict:
     return rates
 
 
+def output_layer_floors(rates: dict, shape: dict, prompts: int) -> dict:
+    """Where a GRPO step's time goes at a large vocabulary: seconds the output layer alone
+    needs in each phase, at this machine's measured GEMM rate and memory bandwidth. Its
+    matmuls: decode reads the (V, C) matrix once per new token; score, the reference's logits
+    of the response tokens (2 V C flops each); learn, the policy's forward and backward (6 V C).
+    The log-softmax over V float32 columns per response token is memory-bound: about three
+    passes over the (tokens, V) logits forward, three more backward. Also the output layer's
+    share of one token's forward FLOPs, V C against the blocks' weights."""
+    V, C = shape["vocab"], shape["n_embd"]
+    tokens = prompts * GRPO["group"] * GRPO["new"]
+    gemm, bandwidth = rates["gemm_gflops_learn"] * 1e9, rates["read_gb_per_s"] * 1e9
+    logits_bytes = tokens * V * 4
+    hs, q = shape["head_dim"], shape["n_head"] * shape["head_dim"]
+    blocks = shape["n_layer"] * (C * (q + 2 * shape["n_kv_head"] * hs) + q * C + 3 * C * shape["mlp"])
+    return {"decode": round((GRPO["new"] - 1) * V * C * 4 / bandwidth, 3),
+            "score": round(2 * tokens * V * C / gemm + 3 * logits_bytes / bandwidth, 3),
+            "learn": round(6 * tokens * V * C / gemm + 6 * logits_bytes / bandwidth, 3),
+            "output_layer_flop_share": round(V * C / (V * C + blocks), 3)}
+
+
 def gpt2_floors(rates: dict, lora: bool) -> dict:
     """Seconds each phase of the gpt2 part would take doing only its matrix multiplies at the
     measured GEMM rate (decode: only reading the weights at the measured bandwidth)."""
@@ -390,12 +545,15 @@ PARTS = {  # part: (our worker's arguments, the peer's command-line arguments)
     "gen_tiny": (["generate", "tiny"], ["hf_generate.py", "--shape", "tiny"]),
     "gen_gpt2": (["generate", "gpt2"], ["hf_generate.py", "--shape", "gpt2"]),
     **{f"grpo_{shape}{suffix}": (["grpo", shape, mode],
-                                 ["trl_grpo.py", "--shape", shape, "--init_from", grpo_dir(shape), *trl])
-       for shape in GRPO_SHAPES
+                                 ["trl_grpo.py", "--shape", shape, "--init_from", grpo_dir(shape), *trl,
+                                  *(["--prompts", str(GRPO_PROMPTS[shape]), "--steps", "2"]
+                                    if shape in GRPO_PROMPTS else [])])
+       for shape in [*GRPO_SHAPES, "qwen3"]
        for suffix, mode, trl in (("", "float32", ["--dtype", "float32"]),
                                  ("_bf16", "bfloat16", ["--dtype", "bfloat16"]),
                                  ("_defaults", "defaults", ["--trl_defaults"]))},
 }
+DEFAULT_PARTS = [p for p in PARTS if "qwen3" not in p]  # Qwen3's: asked for by name
 PEER_VENVS = {"trl_grpo.py": (PEER1_PY, "bench/peers/trl1/setup.sh")}  # else bench/peers/.venv
 
 
@@ -407,9 +565,14 @@ def peer_python(script: str) -> str:
     return python
 
 
-def last_json(cmd: list[str]) -> dict:
+def last_json(cmd: list[str], allow_oom: bool = False) -> dict:
+    """The last JSON line `cmd` prints. With `allow_oom`, a process killed for memory (SIGKILL,
+    the kernel's OOM killer, or a MemoryError) is a result: {"oom": True, ...}."""
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if allow_oom and (proc.returncode == -9 or "MemoryError" in proc.stderr
+                      or "DefaultCPUAllocator: can't allocate" in proc.stderr):
+        return {"oom": True, "returncode": proc.returncode, "stderr_tail": proc.stderr[-300:]}
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise SystemExit(f"{' '.join(cmd)} failed: {' | '.join(tail)}")
@@ -418,7 +581,8 @@ def last_json(cmd: list[str]) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", nargs="*", choices=list(PARTS), default=list(PARTS))
+    ap.add_argument("--part", nargs="*", choices=list(PARTS), default=DEFAULT_PARTS,
+                    help="parts to run (default: all but Qwen3's)")
     ap.add_argument("--rounds", type=int, default=3, help="ours-then-peer rounds per part")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
     ap.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
@@ -428,7 +592,8 @@ def main():
         result = (ours_toy(args.threads) if kind == "toy" else
                   ours_gpt2(args.threads, int(rest[0])) if kind == "gpt2" else
                   ours_generate(args.threads, rest[0]) if kind == "generate" else
-                  ours_grpo(args.threads, rest[0], rest[1]) if kind == "grpo" else
+                  ours_grpo(args.threads, rest[0], rest[1], iters=2 if rest[0] in GRPO_PROMPTS else 3)
+                  if kind == "grpo" else
                   machine_rates(args.threads))
         print(json.dumps(result))
         return
@@ -442,7 +607,9 @@ def main():
     if any(p.startswith("gpt2") for p in args.part):
         gpt2_fixtures()  # built once, not timed
     for shape in dict.fromkeys(PARTS[p][0][1] for p in args.part if p.startswith("grpo")):
-        grpo_fixture(shape)  # likewise
+        grpo_fixture(shape)  # likewise (Qwen3's: 2.4 GB of weights, a minute or two)
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from results_file import measured
     rates = last_json(me + ["rates"])
     print("machine:", cpu_model(), json.dumps(rates), flush=True)
     import torch
@@ -450,9 +617,13 @@ def main():
         ours_args, peer_args = PARTS[part]
         rounds = []
         for r in range(args.rounds):
-            ours = last_json(me + ours_args)
+            ours = last_json(me + ours_args, allow_oom="qwen3" in part)
             peer = last_json([peer_python(peer_args[0]), os.path.join(ROOT, "bench", "peers", peer_args[0]),
-                              "--threads", str(args.threads), *peer_args[1:]])
+                              "--threads", str(args.threads), *peer_args[1:]], allow_oom="qwen3" in part)
+            if "oom" in ours or "oom" in peer:  # a result: who ran out of memory at this batch
+                rounds.append({"ours": ours, "peer": peer})
+                print(json.dumps({"part": part, "round": r, "ours": ours, "peer": peer}), flush=True)
+                continue
             key = "sec_per_generate" if part.startswith("gen") else "sec_per_iter"
             rounds.append({"ours": ours, "peer": peer,
                            "speedup": round(peer[key] / ours[key], 3),
@@ -460,6 +631,14 @@ def main():
             print(json.dumps({"part": part, "round": r, "ours_s": ours[key], "peer_s": peer[key],
                               "speedup": rounds[-1]["speedup"], "ours_peak_mb": ours["peak_rss_mb"],
                               "peer_peak_mb": peer["peak_rss_mb"]}), flush=True)
+        if not all("speedup" in x for x in rounds):
+            summary = {"oom": {side: [x[side].get("oom", False) for x in rounds] for side in ("ours", "peer")}}
+            machine = {**rates, "threads": args.threads, "torch": torch.__version__,
+                       "cpu": os.cpu_count(), "cpu_model": cpu_model(), "date": time.strftime("%Y-%m-%d"),
+                       "measured": measured(ROOT), "command": " ".join(["python", *sys.argv])}
+            results[part] = {"summary": summary, "rounds": rounds, "machine": machine}
+            print(part, json.dumps(summary), flush=True)
+            continue
         speedups = [x["speedup"] for x in rounds]
         memory = [x["memory_ratio"] for x in rounds]
         summary = {"speedup_median": statistics.median(speedups), "speedup_range": [min(speedups), max(speedups)],
@@ -479,8 +658,11 @@ def main():
             for side in ("ours", "peer"):
                 summary[f"{side}_phases_s"] = {k: statistics.median(x[side][k] for x in rounds)
                                                for k in ("t_generate", "t_score", "t_learn")}
+        if part.startswith("grpo_qwen3"):
+            summary["output_layer_floors_s"] = output_layer_floors(rates, QWEN3, QWEN3_PROMPTS)
         machine = {**rates, "threads": args.threads, "torch": torch.__version__,
-                   "cpu": os.cpu_count(), "cpu_model": cpu_model(), "date": time.strftime("%Y-%m-%d")}
+                   "cpu": os.cpu_count(), "cpu_model": cpu_model(), "date": time.strftime("%Y-%m-%d"),
+                   "measured": measured(ROOT), "command": " ".join(["python", *sys.argv])}
         # each part keeps the machine and day that measured it (parts are re-run separately)
         results[part] = {"summary": summary, "rounds": rounds, "machine": machine}
         print(part, json.dumps(summary), flush=True)

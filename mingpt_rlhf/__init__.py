@@ -2,7 +2,8 @@
 
 The recipe is this folder, in reading order:
 
-    model.py        the GPT: GPT-2's architecture and parameter names, padding mask, KV cache
+    model.py        the GPT: GPT-2's architecture and parameter names, padding mask, KV cache;
+                    the parts today's families swap in (rotary, RMSNorm, SwiGLU, grouped k/v)
     tokenizer.py    one tokenizer interface: the built-in word tokenizer (and byte-level BPE)
     chat.py         chat formats: a conversation written as an instruct model was trained on
     data.py         JSONL readers with validation, padding and batching, the SFT loss mask

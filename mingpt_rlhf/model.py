@@ -4,30 +4,28 @@ GPT-2 (Radford et al. 2019) is a stack of pre-LayerNorm transformer blocks over 
 and position embeddings, with the output layer tied to the token embedding. We keep GPT-2's
 parameter names (`transformer.wte`, `transformer.h.0.attn.c_attn`, ... `lm_head`) so that
 loading the published weights is a renaming plus four transposes (see `machinery/pretrained.py`).
+Today's families (Llama 3, SmolLM2, Qwen2/2.5, Qwen3) swap a few of its parts: they end this file.
 
 Two things an RLHF model needs beyond nanoGPT:
-- **Left padding.** Prompts of different lengths are batched by padding on the left, so all
-  responses start at the same column. `attention_mask` (B, T) marks real tokens with 1; pads
-  are never attended to, and position ids count real tokens only (`cumsum(mask) - 1`), so a
-  padded row gets exactly the logits it would get alone.
+- **Left padding.** Prompts are padded on the left, so all responses start at the same column;
+  `attention_mask` (B, T) marks real tokens with 1. Pads are never attended to, and position
+  ids count real tokens only (`cumsum(mask) - 1`): a padded row gets the logits it gets alone.
 - **A KV cache.** Sampling one token at a time re-uses the keys and values of earlier
   positions instead of recomputing the whole prefix (`KVCache`, used by `sampling.py`).
 
-`trunk()` returns the final hidden states (B, T, C); the reward model and the critic in
-`heads.py` put their own heads on it. `logits(hidden)` applies the output layer, and
-`forward()` = `logits(trunk())`, logits for every position. Code that needs the log-probs of a
-few positions (RL, SFT at a 50k vocabulary) calls `trunk()` and applies the output layer to
-those positions only (`logprobs.py`).
+`trunk()` returns the final hidden states (B, T, C), which the reward model and the critic
+(`heads.py`) put their heads on; `forward()` = `logits(trunk())`, logits for every position.
+Code that needs the log-probs of a few positions (RL, SFT at a 50k vocabulary) calls `trunk()`
+and applies `logits()`, the output layer, to those positions only (`logprobs.py`).
 
 At GPT-2 scale three more details matter:
 - **The output layer in float32**, even under bf16 autocast: GPT-2's logits sit near -90,
   where bf16 can only step by 0.5 nats, which would make every log-prob and KL coarse.
 - **The vocabulary padded to a multiple of 64** rows (50,257 -> 50,304, as nanoGPT does) so
-  the large output matmul runs on aligned shapes. The padded rows are never returned:
-  `logits()` gives `vocab_size` columns, so a padded id can never be sampled.
-- **Gradient checkpointing** (`grad_checkpoint = True`): while training, each block's
-  activations are recomputed in the backward pass instead of being kept, trading ~30 % more
-  compute for activations of one block instead of all of them.
+  the large output matmul runs on aligned shapes. `logits()` returns `vocab_size` columns, so
+  a padded row (or one that no token uses, as in Qwen's embedding) can never be sampled.
+- **Gradient checkpointing** (`grad_checkpoint = True`): while training, each block reruns in
+  the backward pass, its input alone kept: ~30 % more compute for one block's activations, not all.
 
 Try it:  python -c "import torch; from mingpt_rlhf.model import *; m=GPT(GPTConfig(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=16)); print(m(torch.zeros(1, 5, dtype=torch.long)).shape)"
 """
@@ -55,10 +53,29 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True       # GPT-2 has biases in Linear and LayerNorm layers
     vocab_multiple: int = 64  # embedding rows are padded to a multiple of this (1 = no padding)
+    # Today's families (Llama 3 / SmolLM2, Qwen2 / 2.5, Qwen3) swap some of GPT-2's parts for
+    # others; each default below is GPT-2's part (machinery/families.py reads the others from
+    # a Hugging Face config.json; docs/families.md walks through them)
+    rope_theta: float | None = None   # rotary positions with this base, instead of learned ones
+    rope_scaling: dict | None = None  # Llama 3.1+'s longer wavelengths: {"factor": 32.0, ...}
+    rms_norm_eps: float | None = None  # RMSNorm with this epsilon, instead of LayerNorm
+    mlp_hidden: int | None = None     # a SwiGLU MLP this wide, instead of GELU at 4 * n_embd
+    n_kv_head: int | None = None      # key/value heads, each shared by n_head / n_kv_head queries
+    head_dim: int | None = None       # width of a head, if not n_embd / n_head (Qwen3: 128 x 16 > 1024)
+    qkv_bias: bool = False            # biases on the queries, keys and values only (Qwen2)
+    qk_norm: bool = False             # an RMSNorm over each head's queries and keys (Qwen3)
+    tie_embeddings: bool = True       # the output layer is the token embedding (GPT-2's tying)
+    embedding_rows: int = 0           # rows of a published embedding that has more than tokens
+
+    def __post_init__(self):
+        # by default GPT-2's heads: each its own keys and values, n_embd / n_head wide
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.head_dim = self.head_dim or self.n_embd // self.n_head
 
     @property
     def padded_vocab_size(self) -> int:
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+        rows = max(self.vocab_size, self.embedding_rows)
+        return -(-rows // self.vocab_multiple) * self.vocab_multiple
 
 
 class KVCache:
@@ -70,9 +87,8 @@ class KVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype):
-        hs = config.n_embd // config.n_head
-        shape = (config.n_layer, 2, batch_size, config.n_head, max_len, hs)  # (L, 2, B, nh, S, hs)
-        self.kv = torch.empty(shape, device=device, dtype=dtype)
+        shape = (config.n_layer, 2, batch_size, config.n_kv_head, max_len, config.head_dim)
+        self.kv = torch.empty(shape, device=device, dtype=dtype)  # (L, 2, B, nkv, S, hs)
         self.length = 0
 
     def update(self, layer: int, kv: torch.Tensor) -> torch.Tensor:
@@ -94,7 +110,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, attn_mask=None, kv_cache: KVCache | None = None):
+    def forward(self, x, attn_mask=None, kv_cache: KVCache | None = None, rope=None):
         B, T, C = x.shape  # batch, time, channels
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         # one permute gives q, k and v as views; fewer small ops matter when decoding one token
@@ -132,13 +148,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        # GPT-2's parts, or those of today's families where the config names them (below)
+        self.ln_1 = norm(config, config.n_embd)
+        self.attn = (CausalSelfAttention if config.rope_theta is None else RotaryAttention)(config, layer)
+        self.ln_2 = norm(config, config.n_embd)
+        self.mlp = MLP(config) if config.mlp_hidden is None else SwiGLU(config)
 
-    def forward(self, x, attn_mask=None, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), attn_mask, kv_cache)
+    def forward(self, x, attn_mask=None, kv_cache=None, rope=None):  # rope: None for GPT-2
+        x = x + self.attn(self.ln_1(x), attn_mask, kv_cache, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -168,15 +185,19 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        embeddings = dict(wte=nn.Embedding(config.padded_vocab_size, config.n_embd))
+        if config.rope_theta is None:  # learned positions (rotary ones have no weights)
+            embeddings["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            **embeddings,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=norm(config, config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
+        self.lm_head.keep_float32 = True  # logits() computes in float32: never held in bf16
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying, as in GPT-2
         self.grad_checkpoint = False  # recompute each block in backward (set by the scripts)
         self.compiled_blocks = None   # torch.compile'd `blocks` for passes without a KV cache
         self.apply(self._init_weights)
@@ -196,12 +217,15 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, vocab_size: int | None = None) -> "GPT":
-        """GPT-2 weights from a folder / .safetensors file, or a name (gpt2, gpt2-medium, ...),
-        in eval mode. `vocab_size` larger than the checkpoint's adds embedding rows (our BPE's
-        PAD), initialised to the mean embedding. Reading, renaming and downloading are
-        machinery/pretrained.py's; it knows nothing of this class."""
-        from .machinery.pretrained import copy_weights, gpt2_weights
-        config, tensors, source, path = gpt2_weights(name_or_path, vocab_size)
+        """Published weights, in eval mode: GPT-2 (a folder, a .safetensors file, or a name:
+        gpt2, gpt2-medium, ...), or a Hugging Face folder of Llama 3 / SmolLM2, Qwen2 / 2.5 or
+        Qwen3 (config.json and model.safetensors, or shards). `vocab_size`: the tokenizer's
+        ids, the columns of the logits. More than the checkpoint's rows adds rows (our BPE's
+        PAD), set to the mean embedding; fewer leaves rows no token uses (Qwen's), which are
+        never returned. Reading and renaming are machinery/pretrained.py's and families.py's;
+        they know nothing of this class."""
+        from .machinery.pretrained import copy_weights, pretrained_weights
+        config, tensors, source, path = pretrained_weights(name_or_path, vocab_size)
         # no random initialisation (2-3 s for gpt2 on a laptop CPU, ~10x that for gpt2-xl):
         # every parameter is overwritten
         model = build_empty(lambda: cls(GPTConfig(**config)))
@@ -215,7 +239,7 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.p = p
-            elif isinstance(m, CausalSelfAttention):
+            elif isinstance(m, (CausalSelfAttention, RotaryAttention)):
                 m.dropout = p
 
     def num_params(self) -> int:
@@ -274,15 +298,18 @@ class GPT(nn.Module):
     def blocks(self, idx, position_ids, attn_mask=None, kv_cache: KVCache | None = None):
         """Embeddings, the blocks and `ln_f`: (B, T) ids and positions -> (B, T, C). `attn_mask`
         (B, 1, T, S) says which keys each query sees (None: causal, or every cached key)."""
-        x = self.transformer.wte(idx) + self.transformer.wpe(position_ids)  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None if self.config.rope_theta is None else rotary_tables(position_ids, self.config)
+        if rope is None:  # GPT-2's learned positions; rotary ones turn q and k in each attention
+            x = x + self.transformer.wpe(position_ids)
         if self.training:  # dropout is the identity in eval mode: skip the call
             x = self.transformer.drop(x)
         recompute = self.grad_checkpoint and kv_cache is None and torch.is_grad_enabled()
         for block in self.transformer.h:
             if recompute:  # keep only the block's input; rerun the block in backward
-                x = checkpoint(block, x, attn_mask, None, use_reentrant=False)
+                x = checkpoint(block, x, attn_mask, None, rope, use_reentrant=False)
             else:
-                x = block(x, attn_mask, kv_cache)
+                x = block(x, attn_mask, kv_cache, rope)
         if kv_cache is not None:
             kv_cache.length += x.size(1)
         return self.transformer.ln_f(x)
@@ -329,6 +356,135 @@ class GPT(nn.Module):
         ]
 
 
+# ---- Today's families: the parts that replace GPT-2's -------------------------------------
+# Llama 3 (and SmolLM2, which is Llama's layout), Qwen2 / 2.5 and Qwen3 are GPT-2's block with
+# some parts swapped, each chosen by a field of GPTConfig: rotary positions for learned ones,
+# RMSNorm for LayerNorm, SwiGLU for the GELU MLP, fewer key/value heads than query heads, and
+# per family q/k/v biases (Qwen2) or a norm on q and k (Qwen3). The parameter names stay
+# GPT-2's (c_attn holds q, k and v; c_fc holds SwiGLU's gate and up), so LoRA, checkpoints and
+# every script treat them alike. docs/families.md walks from one block to the other.
+
+
+def norm(config: GPTConfig, width: int) -> nn.Module:
+    """GPT-2's LayerNorm, or an RMSNorm where the config gives its epsilon."""
+    if config.rms_norm_eps is None:
+        return nn.LayerNorm(width, bias=config.bias)
+    return RMSNorm(width, config.rms_norm_eps)
+
+
+class RMSNorm(nn.Module):
+    """Replaces LayerNorm: x / RMS(x) * weight, with neither LayerNorm's mean subtraction nor
+    its bias (Zhang & Sennrich 2019). Computed in float32 whatever the input's dtype, and cast
+    back before the weight multiplies, as the reference implementation does."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """Replaces the GELU MLP: down(silu(gate(x)) * up(x)) (Shazeer 2020), a gated unit
+    `mlp_hidden` wide (Qwen3-0.6B: 3,072 for a width of 1,024, where GPT-2 has 4x). gate and
+    up are one matrix, c_fc (the checkpoint's gate_proj rows, then up_proj's): one matmul."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, H) each
+        x = self.c_proj(F.silu(gate) * up)
+        return self.dropout(x) if self.training else x
+
+
+class RotaryAttention(nn.Module):
+    """Replaces CausalSelfAttention. The same causal attention over the same masks and KV
+    cache, with
+    - rotary positions (Su et al. 2021): each head's queries and keys are turned by angles
+      that grow with the position (`apply_rotary`), so q . k depends on how far apart the two
+      tokens are; no position embedding is added to the tokens;
+    - grouped key/value heads (Ainslie et al. 2023): n_kv_head heads of keys and values, each
+      shared by n_head / n_kv_head query heads; the KV cache holds n_kv_head heads;
+    - a head width of its own (`head_dim`), biases on q, k, v only (Qwen2), and an RMSNorm
+      over each head's queries and keys before they turn (Qwen3).
+    q, k and v are one matrix, c_attn (the checkpoint's q_proj, k_proj, v_proj rows stacked)."""
+
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head, self.n_kv_head, hs = config.n_head, config.n_kv_head, config.head_dim
+        assert config.n_head % config.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        self.widths = (config.n_head * hs, config.n_kv_head * hs, config.n_kv_head * hs)  # q, k, v
+        self.c_attn = nn.Linear(config.n_embd, sum(self.widths), bias=config.bias or config.qkv_bias)
+        self.c_proj = nn.Linear(config.n_head * hs, config.n_embd, bias=config.bias)
+        head_norm = lambda: RMSNorm(hs, config.rms_norm_eps) if config.qk_norm else nn.Identity()
+        self.q_norm, self.k_norm = head_norm(), head_norm()
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, attn_mask=None, kv_cache: KVCache | None = None, rope=None):
+        B, T, C = x.shape  # batch, time, channels
+        q, k, v = self.c_attn(x).split(self.widths, dim=-1)
+        q = self.q_norm(q.view(B, T, self.n_head, -1)).transpose(1, 2)     # (B, nh, T, hs)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, -1)).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, -1).transpose(1, 2)               # (B, nkv, T, hs)
+        kv = torch.stack((apply_rotary(k, rope), v))                        # (2, B, nkv, T, hs)
+        if kv_cache is not None:
+            kv = kv_cache.update(self.layer, kv)  # (2, B, nkv, S, hs), S = cached + T
+        k, v = kv.unbind(0)
+        # each group of n_head / n_kv_head query heads attends with one key/value head
+        y = F.scaled_dot_product_attention(
+            apply_rotary(q, rope), k, v, attn_mask=attn_mask, is_causal=attn_mask is None and T > 1,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head < self.n_head)
+        y = self.c_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, nh * hs) -> (B, T, C)
+        return self.resid_dropout(y) if self.training else y
+
+
+def rotary_frequencies(config: GPTConfig) -> torch.Tensor:
+    """(hs / 2,) float32: how fast each pair of a head's dimensions turns per position,
+    theta^(-2i / hs). Llama 3.1+'s "llama3" scaling (for contexts longer than it was first
+    trained on) slows the slow pairs down by `factor`: those whose wavelength 2 pi / frequency
+    exceeds the original context / low_freq_factor; it keeps the fast ones (wavelength under
+    context / high_freq_factor) and blends the two linearly in between."""
+    hs = config.head_dim
+    frequency = 1.0 / (config.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float) / hs))
+    scaling = config.rope_scaling
+    if not scaling:
+        return frequency
+    wavelength = 2 * math.pi / frequency
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    kept = (scaling["original_max_position_embeddings"] / wavelength - low) / (high - low)
+    kept = kept.clamp(0.0, 1.0)  # 0: slowed down by factor, 1: kept as it is
+    return kept * frequency + (1 - kept) * frequency / scaling["factor"]
+
+
+def rotary_tables(position_ids: torch.Tensor, config: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each position's angles, (B, 1, T, hs) each, in float32: the angle of
+    pair i at position p is p * frequency_i. Positions count real tokens only, as GPT-2's."""
+    frequency = rotary_frequencies(config).to(position_ids.device)
+    angles = position_ids[..., None].float() * frequency       # (B, T, hs / 2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]       # (B, 1, T, hs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, rope) -> torch.Tensor:
+    """Turn x (B, h, T, hs) by the tables: dimension i and i + hs/2 are a pair (the layout of
+    the published weights), turned as a point in the plane, (a, b) -> (a cos - b sin,
+    b cos + a sin). In float32, returned in x's dtype."""
+    cos, sin = rope
+    first, second = x.chunk(2, dim=-1)
+    turned = torch.cat((-second, first), dim=-1)  # (a, b) -> (-b, a), a quarter turn
+    return (x * cos + turned * sin).to(x.dtype)
+
+
 def build_empty(make, device="cpu") -> nn.Module:
     """`make()` built on the "meta" device (shapes, no memory, no random initialisation), then
     given uninitialised memory on `device`: for a module whose every tensor is loaded next.
@@ -338,7 +494,7 @@ def build_empty(make, device="cpu") -> nn.Module:
         module = make()
     module.to_empty(device=device)
     for m in module.modules():
-        if isinstance(m, GPT):
+        if isinstance(m, GPT) and m.config.tie_embeddings:
             m.lm_head.weight = m.transformer.wte.weight
     return module
 
@@ -381,5 +537,5 @@ def load_state_dict_checked(module: torch.nn.Module, state_dict: dict, where: st
     module.load_state_dict(state_dict, assign=assign)
     if assign:  # each key got its own tensor object: tie GPT's output layer again
         for m in module.modules():
-            if isinstance(m, GPT):
+            if isinstance(m, GPT) and m.config.tie_embeddings:
                 m.lm_head.weight = m.transformer.wte.weight

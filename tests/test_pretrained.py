@@ -19,7 +19,7 @@ load_pretrained = GPT.from_pretrained  # the one way in
 
 N_LAYER, N_EMBD, N_HEAD, VOCAB, BLOCK = 2, 32, 4, 50, 16
 DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-               torch.int64: "I64"}
+               torch.int64: "I64", torch.int8: "I8"}
 
 
 def write_safetensors(path, tensors, edit=None):

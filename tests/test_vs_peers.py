@@ -62,3 +62,32 @@ def test_speed_md_quotes_our_command_with_the_equal_settings():
     quoted = dict(zip(found[0][1::2], found[0][2::2]))  # every option here takes a value
     wanted = vs_peers.GRPO_FLAGS + vs_peers.GRPO_EQUAL + ["--dtype", "float32"]
     assert quoted.items() >= dict(zip(wanted[::2], wanted[1::2])).items()
+
+
+def test_the_qwen3_fixture_is_a_family_folder_whose_eos_is_never_sampled(tmp_path):
+    """grpo_qwen3's folder at a test's size: both sides read it as Qwen3 (config.json, the
+    Hugging Face names); in ours EOS's logit lies far below every other token's (one constant
+    coordinate of the residual stream, as RMSNorm has no bias to aim at), PAD is a row no
+    token uses, and one step of the workload runs with every response at 32 tokens."""
+    vs_peers = bench_module("vs_peers")
+    shape = vs_peers.QWEN3_TINY
+    folder = vs_peers.write_qwen3_fixture(str(tmp_path / "qwen3"), shape, n_prompts=40)
+    tok = BPETokenizer.from_pretrained(folder)
+    model = GPT.from_pretrained(folder, vocab_size=tok.vocab_size)
+    assert model.config.qk_norm and model.config.embedding_rows == shape["vocab"]
+    assert tok.eos_id == shape["tokens"] - 1 and tok.pad_id == shape["tokens"] < shape["vocab"]
+    ids = torch.randint(0, tok.eos_id, (4, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids)
+    assert torch.log_softmax(logits, -1)[..., tok.eos_id].max() < -30
+    with open(os.path.join(folder, "prompts.jsonl")) as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    assert len(prompts) == 40 and {len(tok.encode(p)) for p in prompts} == {64}
+    threads = torch.get_num_threads()
+    try:
+        result = vs_peers.ours_grpo(1, "qwen3_tiny", "float32", warmup=0, iters=1, fixture=folder)
+    finally:
+        torch.set_num_threads(threads)
+    assert result["resp_len_all"] == [32.0]
+    argv = result["argv"]
+    assert argv[argv.index("--rollout_batch_size") + 1] == str(vs_peers.GRPO["prompts"] * 4)

@@ -24,7 +24,10 @@ lr 1e-6, dropout not disabled); the workload stays the one above. The JSON recor
 
 Shapes (GPT-2 architecture, GPT-2's vocabulary of 50,257 and 1,024 positions, dropouts 0):
 - toy:  4 layers x 4 heads x 128;
-- gpt2: GPT-2 small, 12 x 12 x 768.
+- gpt2: GPT-2 small, 12 x 12 x 768;
+- qwen3: Qwen3-0.6B's (28 x 1,024, vocabulary 151,936), qwen3_tiny a test's size of it; these
+  two need --init_from (bench/vs_peers.py's `write_qwen3_fixture` writes the folder), and run
+  at fewer prompts per step (--prompts) so that both sides fit in memory.
 --init_from DIR loads the weights of a folder holding config.json + model.safetensors (what
 bench/vs_peers.py writes, so that both sides load the same random weights); without it a
 random-init GPT2LMHeadModel of --shape is saved to a temporary folder first, since trl builds
@@ -66,7 +69,13 @@ import torch  # noqa: E402
 GRPO_SHAPES = {
     "toy": dict(vocab_size=50257, n_layer=4, n_head=4, n_embd=128, n_positions=1024),
     "gpt2": SHAPES["gpt2"],
+    "qwen3": dict(model_type="qwen3", vocab_size=151936, num_hidden_layers=28,
+                  num_attention_heads=16, hidden_size=1024),
+    "qwen3_tiny": dict(model_type="qwen3", vocab_size=640, num_hidden_layers=2,
+                       num_attention_heads=4, hidden_size=32),
 }
+SIZE_KEYS = {"gpt2": ("n_layer", "n_head", "n_embd"),
+             "qwen3": ("num_hidden_layers", "num_attention_heads", "hidden_size")}
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS = 8, 4, 64, 32
 # what --trl_defaults leaves to trl, recorded from the resolved GRPOConfig
 RECORDED = ("bf16", "gradient_checkpointing", "loss_type", "beta", "learning_rate",
@@ -97,6 +106,7 @@ def main():
                     help="leave bf16, gradient checkpointing, loss_type, beta, lr and dropout to trl")
     ap.add_argument("--init_from", default="",
                     help="folder with config.json + model.safetensors (default: random init of --shape)")
+    ap.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step (x a group of 4)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps")
     ap.add_argument("--warmup", type=int, default=1, help="steps before measuring")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -105,8 +115,11 @@ def main():
     args = ap.parse_args()
     if args.trl_defaults and args.dtype:
         ap.error("--dtype with --trl_defaults: trl's default (bf16) decides the precision there")
-    if args.steps < 1 or args.warmup < 0:
-        ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.prompts < 1:
+        ap.error("--steps and --prompts must be >= 1 and --warmup >= 0")
+    family = GRPO_SHAPES[args.shape].get("model_type", "gpt2")
+    if family != "gpt2" and not args.init_from:
+        ap.error(f"--shape {args.shape} needs --init_from (bench/vs_peers.py writes the folder)")
     dtype = args.dtype or "float32"
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -120,9 +133,11 @@ def main():
     if args.init_from:  # its config decides; it must be of --shape, the label in the JSON
         with open(os.path.join(args.init_from, "config.json")) as f:
             saved = json.load(f)
-        if any(saved.get(k) != shape[k] for k in ("n_layer", "n_head", "n_embd")):
-            ap.error(f"--init_from {args.init_from} holds a {saved.get('n_layer')}-layer, "
-                     f"{saved.get('n_embd')}-wide model, not --shape {args.shape}'s")
+        layers, heads, width = SIZE_KEYS[family]
+        if saved.get("model_type", "gpt2") != family or any(
+                saved.get(k) != shape[k] for k in (layers, heads, width)):
+            ap.error(f"--init_from {args.init_from} holds a {saved.get(layers)}-layer, "
+                     f"{saved.get(width)}-wide model, not --shape {args.shape}'s")
         shape = {**shape, "vocab_size": saved["vocab_size"]}
     V = shape["vocab_size"]
     tokenizer = offline_tokenizer(V)
@@ -132,11 +147,11 @@ def main():
 
     total = args.warmup + args.steps
     g = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, V, (PROMPTS * total, PROMPT_LEN), generator=g)
+    ids = torch.randint(0, V, (args.prompts * total, PROMPT_LEN), generator=g)
     dataset = Dataset.from_dict({"prompt": [" ".join(f"t{i}" for i in row) for row in ids.tolist()]})
 
     workload = dict(  # the same work per step in both modes
-        per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+        per_device_train_batch_size=args.prompts * GROUP, num_generations=GROUP,
         gradient_accumulation_steps=1, num_iterations=1, max_completion_length=NEW_TOKENS,
         temperature=1.0, top_p=1.0, top_k=0, max_steps=total, num_train_epochs=1,
         use_cpu=True, seed=args.seed, report_to="none", save_strategy="no",
@@ -200,7 +215,7 @@ def main():
         "peak_rss_mb_steps": rows[-1]["peak"],  # right after the last step
         "peak_rss_mb": peak_rss_mb(),  # at the end
         "steps": args.steps, "warmup": args.warmup,
-        "prompts": PROMPTS, "group": GROUP, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+        "prompts": args.prompts, "group": GROUP, "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS,
         "init_from": args.init_from,
         "ref_model": trainer.ref_model is not None,
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),

@@ -236,7 +236,8 @@ def load_reward_model(rm_dir: str, tokenizer=None, policy_from: str = ""):
 
 def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir", frozen: bool = False):
     """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
-    or GPT-2 weights when `init_from` names a model or folder (skipping SFT).
+    or published weights when `init_from` names a model or folder (skipping SFT): GPT-2, or a
+    folder of Llama 3 / SmolLM2, Qwen2 / 2.5 or Qwen3 (`GPT.from_pretrained`).
 
     Returns (GPT in eval mode with dropout off, tokenizer, origin), where origin records where
     the weights came from (saved in the next checkpoint). Only the weights are read from the

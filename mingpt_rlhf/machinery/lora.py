@@ -11,9 +11,14 @@ no gradients and no AdamW state (16 bytes per parameter) for the rest.
 
 What the rest of the code relies on:
 - `add_lora(model, rank, alpha, targets)` freezes every parameter of `model` and adapts the
-  Linear layers whose name is in `targets` (default: every attention and MLP projection,
-  `c_attn`, `c_proj`, `c_fc`). The adapted layer keeps the names `weight` and `bias`, so the
-  GPT-2 names of the state dict do not change; the adapters add `lora_A` and `lora_B`.
+  Linear layers of its blocks whose name is in `targets` (default: every attention and MLP
+  projection, `c_attn`, `c_proj`, `c_fc`; a name the blocks lack is refused, with the names
+  they have). The adapted layer keeps the names `weight` and `bias`, so the GPT-2 names of the
+  state dict do not change; the adapters add `lora_A` and `lora_B`.
+- Today's families (model.py) keep those three names: c_attn holds q_proj, k_proj and v_proj
+  stacked, so its adapter is one low-rank update of the three (one A shared, B's rows for
+  each); c_fc holds SwiGLU's gate_proj and up_proj; c_proj is o_proj in the attention and
+  down_proj in the MLP (TARGETS_HELP).
   Heads added later (reward, value) are trained as usual.
 - `adapters_disabled(model)`: inside it the model computes with its base weights only. In PPO
   with LoRA this *is* the reference policy: no second copy of the model is kept.
@@ -37,6 +42,12 @@ import torch.nn.functional as F
 from .errors import UserError
 
 DEFAULT_TARGETS = ("c_attn", "c_proj", "c_fc")  # every attention and MLP projection of GPT-2
+TARGETS_HELP = ("comma-separated Linear layers LoRA adapts: c_attn (queries, keys and values; "
+                "Llama / Qwen's q_proj, k_proj, v_proj stacked), c_proj (the attention's and the "
+                "MLP's output: o_proj, down_proj), c_fc (the MLP's input: gate_proj and up_proj)")
+# a checkpoint's names of today's families -> the layer of ours that holds them
+OURS_OF = {"q_proj": "c_attn", "k_proj": "c_attn", "v_proj": "c_attn", "o_proj": "c_proj",
+           "gate_proj": "c_fc", "up_proj": "c_fc", "down_proj": "c_proj"}
 
 
 class LoRALinear(nn.Module):
@@ -77,19 +88,29 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS)
     Returns the number of layers adapted; a name that matches nothing is a UserError."""
     if rank <= 0:
         raise UserError(f"--lora_rank must be positive, got {rank}")
+    valid = target_names(model)
+    unknown = [t for t in targets if t not in valid]
+    if unknown:
+        hint = "".join(f" ({t} is part of our {OURS_OF[t]})" for t in unknown if t in OURS_OF)
+        raise UserError(f"--lora_targets {','.join(unknown)} names no Linear layer of this "
+                        f"model's blocks{hint}; choose among {','.join(valid)}")
     model.requires_grad_(False)
     model.lora_base_checksum = base_fingerprint(model)  # before any cast (checkpoint.resume_state)
-    found = set()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if name in targets and isinstance(child, nn.Linear):
-                setattr(parent, name, LoRALinear(child, rank, alpha))
-                found.add(name)
-    missing = set(targets) - found
-    if missing:
-        raise UserError(f"--lora_targets {','.join(sorted(missing))} names no Linear layer of the "
-                        f"model; choose among {','.join(DEFAULT_TARGETS)}")
+    from ..model import Block
+    for block in [m for m in model.modules() if isinstance(m, Block)]:
+        for parent in list(block.modules()):
+            for name, child in list(parent.named_children()):
+                if name in targets and isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child, rank, alpha))
     return sum(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def target_names(model: nn.Module) -> list[str]:
+    """The names --lora_targets may give: the Linear layers inside the model's blocks (c_attn,
+    c_fc, c_proj for GPT-2 and for each of today's families alike)."""
+    from ..model import Block
+    return sorted({name.rsplit(".", 1)[-1] for block in model.modules() if isinstance(block, Block)
+                   for name, m in block.named_modules() if isinstance(m, nn.Linear)})
 
 
 def parse_targets(text: str) -> tuple[str, ...]:

@@ -1,4 +1,6 @@
-"""Published GPT-2 weights -> our `GPT`: a safetensors reader, the name mapping, a download cache.
+"""Published weights -> our `GPT`: a safetensors reader (one file or shards), GPT-2's name
+mapping, a download cache; today's families (Llama 3 / SmolLM2, Qwen2 / 2.5, Qwen3) are
+families.py's, told apart from GPT-2 by config.json's `model_type`.
 
 Concept. OpenAI's GPT-2 weights, as published on the Hugging Face hub ("gpt2", "gpt2-medium",
 "gpt2-large", "gpt2-xl"), use the parameter names of `model.py` without the "transformer."
@@ -14,9 +16,13 @@ The header maps each tensor name to {"dtype": "F32"|"F16"|"BF16"|..., "shape": [
 "__metadata__" entry). Data is little-endian, row-major. We memory-map the file, so a tensor is
 read from disk when it is copied into the model and never held twice in memory.
 
+A large model comes in shards: model.safetensors.index.json maps each tensor's name to the
+file that holds it (model-00001-of-00002.safetensors, ...).
+
 Every inconsistency (short file, bad JSON, an offset past the end, a shape that disagrees with
-its byte count, a tensor the model has no place for) raises `UserError` naming the file and
-the tensor: a damaged download must never become a silently wrong model.
+its byte count, a shard the index names but the folder lacks, a tensor the model has no place
+for) raises `UserError` naming the file and the tensor, before any weight is copied: a damaged
+download must never become a silently wrong, or half-loaded, model.
 
 Try it (downloads ~550 MB once into ~/.cache/mingpt_rlhf/gpt2, or $MINGPT_RLHF_CACHE/gpt2):
     python -c "from mingpt_rlhf.model import GPT; print(GPT.from_pretrained('gpt2').num_params())"
@@ -111,6 +117,79 @@ def read_safetensors(path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def read_weights(folder: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every tensor of a folder's model.safetensors, or of the shards its
+    model.safetensors.index.json names: (name -> tensor, name -> the file it is in)."""
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        tensors = read_safetensors(single)
+        return tensors, dict.fromkeys(tensors, single)
+    if not os.path.isfile(index):
+        raise UserError(f"no model.safetensors (nor model.safetensors.index.json and its shards) "
+                        f"in {folder}; put the weights there in safetensors format "
+                        f"(pytorch_model.bin is not read)")
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        ok = isinstance(weight_map, dict) and all(
+            isinstance(v, str) and os.path.basename(v) == v for v in weight_map.values())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise UserError(f"{index}: not a shard index (a JSON object whose \"weight_map\" maps "
+                        f"each tensor to a file in this folder); {REFETCH}")
+    tensors, files = {}, {}
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(folder, shard)
+        if not os.path.isfile(path):
+            raise UserError(f"{index} names the shard {shard}, which is not in {folder}; "
+                            f"download every file the index names")
+        for name, t in read_safetensors(path).items():
+            if name in tensors:
+                raise UserError(f"{path} and {files[name]} both hold {name!r}; {REFETCH}")
+            tensors[name], files[name] = t, path
+    for name, shard in weight_map.items():
+        if files.get(name) != os.path.join(folder, shard):
+            raise UserError(f"{index} puts {name!r} in {shard}, which does not hold it; {REFETCH}")
+    return tensors, files
+
+
+def read_config(folder: str) -> dict:
+    """The folder's config.json as a dict ({} when there is none)."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            hparams = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); fix or delete it") from None
+    if not isinstance(hparams, dict):
+        raise UserError(f"{path} must be a JSON object; fix or delete it")
+    return hparams
+
+
+def pretrained_weights(name_or_path, vocab_size: int | None = None) -> tuple[dict, dict, dict, str]:
+    """What `GPT.from_pretrained` builds a model from: (GPTConfig fields, tensors by our
+    parameter names, the checkpoint's name of each, where they were read). A tensor stacked
+    from several (a family's q, k, v into c_attn) is the list of its parts. GPT-2 unless
+    config.json names one of today's families (families.py). `vocab_size`: the tokenizer's
+    ids, the columns of the logits; by default the folder's tokenizer's for a family, the
+    embedding's rows for GPT-2."""
+    from .families import family_config, is_family, rename, tokenizer_id_count
+    path = os.path.expanduser(str(name_or_path))
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    hparams = read_config(folder) if os.path.exists(path) else {}
+    if not is_family(hparams):
+        return gpt2_weights(name_or_path, vocab_size)
+    raw, files = read_weights(folder) if os.path.isdir(path) else (read_safetensors(path), {})
+    where = os.path.join(folder, "config.json")
+    config = family_config(hparams, where, vocab_size or tokenizer_id_count(folder))
+    tensors, source = rename(raw, config, where, lambda name: files.get(name, path))
+    return config, tensors, source, folder
+
+
 # ---- GPT-2 names and sizes -------------------------------------------------------------------
 
 def gpt2_to_ours(raw: dict[str, torch.Tensor], path: str) -> tuple[dict, dict]:
@@ -178,51 +257,54 @@ def gpt2_weights(name_or_path, vocab_size: int | None = None) -> tuple[dict, dic
     if os.path.isfile(str(name_or_path)):
         weights = str(name_or_path)
         folder = os.path.dirname(os.path.abspath(weights))
+        raw = read_safetensors(weights)
     else:
         folder = resolve_pretrained(name_or_path)
-        weights = os.path.join(folder, "model.safetensors")
-        if not os.path.isfile(weights):
-            raise UserError(f"no model.safetensors in {folder}; put GPT-2 weights there as one "
-                            "safetensors file (sharded files and pytorch_model.bin are not read)")
-    hparams = {}
-    if os.path.isfile(os.path.join(folder, "config.json")):
-        try:
-            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-                hparams = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{folder}/config.json is not valid JSON ({e}); fix or delete it") from None
-        if not isinstance(hparams, dict):
-            raise UserError(f"{folder}/config.json must be a JSON object; fix or delete it")
-    tensors, source = gpt2_to_ours(read_safetensors(weights), weights)
+        raw, files = read_weights(folder)
+        weights = files[next(iter(files))] if len(set(files.values())) == 1 else folder
+    hparams = read_config(folder)
+    tensors, source = gpt2_to_ours(raw, weights)
     return gpt2_config(tensors, hparams, weights, vocab_size), tensors, source, weights
 
 
 def copy_weights(params: dict, tensors: dict, source: dict, weights: str) -> None:
-    """Copy GPT-2's `tensors` into a model's `params` (name -> Parameter), checking that each
-    has its place and shape. A vocabulary larger than the checkpoint's (our BPE's PAD is id
-    50257) gets its new embedding rows set to the mean embedding, so a new token starts as an
-    "average" token; the old rows, and so the logits of old ids, are unchanged."""
+    """Copy the checkpoint's `tensors` (by our names) into a model's `params` (name ->
+    Parameter). Every tensor's place, shape and dtype is checked before the first is copied, so
+    a bad checkpoint leaves nothing half-loaded. A list is the parts of a stacked matrix (a
+    family's q, k, v in c_attn), copied one below the other. An embedding (or an untied output
+    layer) with more rows than the checkpoint's - our BPE's PAD (id 50257 for GPT-2), the
+    padding to a multiple of 64 - gets its new rows set to the mean of the others, so a new
+    token starts as an "average" token; the old rows, and so the logits of old ids, are unchanged."""
     for ours in tensors:
         if ours not in params:
-            raise UserError(f"{weights}: tensor {source[ours]!r} has no place in our GPT; "
-                            "is this a GPT-2 checkpoint?")
+            raise UserError(f"{weights}: tensor {source[ours]!r} has no place in our GPT; the "
+                            f"weights do not match the model config.json describes")
+    plan = []
+    for name, p in params.items():
+        src = tensors.get(name)
+        if src is None:
+            raise UserError(f"{weights}: no tensor for {name.removeprefix('transformer.')}; "
+                            f"the checkpoint is incomplete; {REFETCH}")
+        parts = src if isinstance(src, list) else [src]
+        if not all(t.is_floating_point() for t in parts):
+            raise UserError(f"{weights}: tensor {source[name]!r} is {parts[0].dtype}, not a float "
+                            f"(a quantized model?); we read float32, float16 and bfloat16 weights")
+        rows = sum(len(t) for t in parts)
+        grows = name in ("transformer.wte.weight", "lm_head.weight") and rows < len(p)
+        if (len(p) if grows else rows, *parts[0].shape[1:]) != tuple(p.shape):
+            hint = " (after transposing Conv1D)" if name.endswith(CONV1D) else ""
+            raise UserError(f"{weights}: tensor {source[name]!r} has shape "
+                            f"{(rows, *parts[0].shape[1:])}{hint}, the model needs "
+                            f"{tuple(p.shape)}; the checkpoint is inconsistent; {REFETCH}")
+        plan.append((p, parts, rows))
     with torch.no_grad():
-        for name, p in params.items():
-            src = tensors.get(name)
-            if src is None:
-                raise UserError(f"{weights}: no tensor for {name[len('transformer.'):]}; "
-                                f"the checkpoint is incomplete; {REFETCH}")
-            if name == "transformer.wte.weight" and src.shape[0] < p.shape[0]:
-                V = src.shape[0]
-                p[:V].copy_(src)
-                p[V:].copy_(src.float().mean(0, keepdim=True).expand(p.shape[0] - V, -1))
-                continue
-            if src.shape != p.shape:
-                hint = " (after transposing Conv1D)" if name.endswith(CONV1D) else ""
-                raise UserError(f"{weights}: tensor {source[name]!r} has shape "
-                                f"{tuple(src.shape)}{hint}, the model needs {tuple(p.shape)}; "
-                                f"the checkpoint is inconsistent; {REFETCH}")
-            p.copy_(src)
+        for p, parts, rows in plan:
+            start = 0
+            for t in parts:
+                p[start:start + len(t)].copy_(t)
+                start += len(t)
+            if rows < len(p):
+                p[rows:].copy_(p[:rows].float().mean(0, keepdim=True).expand(len(p) - rows, -1))
 
 
 # ---- names -> a local folder, downloading once -----------------------------------------------

@@ -66,7 +66,7 @@ def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype,
 
     Under autocast to `dtype` this changes no result: autocast casts float32 Linear weights
     to `dtype` before every matmul. Embeddings and LayerNorms stay float32; the output layer
-    shares the token embedding, so it stays float32 too (logits must be exact, model.py), and
+    stays float32 too, tied to the token embedding or not (logits must be exact, model.py), and
     so do the reward and value heads, which compute in float32 (heads.ScalarHead).
 
     A model with LoRA is saved too: its checkpoint holds the base plus the adapters
