@@ -366,8 +366,10 @@ def table(results: dict) -> str:
         lines.append(f"| {name} | {r['tokenizer']} | {r['trained']} | {r['config_vocab_size']:,} "
                      f"({r['our_columns']:,}) | {r['max_abs_logit_diff']:.1e} ({r['logit_scale']:.2f}) | "
                      f"{r['greedy_tokens_compared']} of {r['greedy_tokens']} ({r['greedy_ties']}) | {tok} |")
-    return "\n".join(lines) + f"\n\n(`{results['command']}`, {results['measured']}, transformers " \
-        f"{results['transformers']}, torch {results['torch']}; the table: `python bench/export_parity.py --table`)"
+    runs = dict.fromkeys((r.get("command", results["command"]), r["measured"]) for r in results["cases"].values())
+    made = "; ".join(f"`{command}`, {when}" for command, when in runs)
+    return "\n".join(lines) + f"\n\n({made}; transformers {results['transformers']}, torch " \
+        f"{results['torch']}; the table: `python bench/export_parity.py --table`)"
 
 
 def main():
@@ -392,12 +394,12 @@ def main():
         with open(args.json) as f:
             results = json.load(f)
     results.setdefault("cases", {})
+    command = " ".join(["bench/peers/trl1/.venv/bin/python bench/export_parity.py", *sys.argv[1:]])
     for name in args.cases:
         result = run_case(name, args.seed, args.fixtures, args.keep)
-        results["cases"][name] = {**result, "measured": measured(ROOT)}
+        results["cases"][name] = {**result, "command": command, "measured": measured(ROOT)}
         print(name, json.dumps(result), flush=True)
-    results.update(command=" ".join(["bench/peers/trl1/.venv/bin/python bench/export_parity.py",
-                                     *sys.argv[1:]]), tolerance={"atol": ATOL, "rtol": RTOL, "tie": TIE},
+    results.update(command=command, tolerance={"atol": ATOL, "rtol": RTOL, "tie": TIE},
                    measured=measured(ROOT), **versions())
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json + ".tmp", "w") as f:
