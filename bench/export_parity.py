@@ -395,12 +395,13 @@ def main():
             results = json.load(f)
     results.setdefault("cases", {})
     command = " ".join(["bench/peers/trl1/.venv/bin/python bench/export_parity.py", *sys.argv[1:]])
+    when = measured(ROOT)  # before --fixtures changes tracked files
     for name in args.cases:
         result = run_case(name, args.seed, args.fixtures, args.keep)
-        results["cases"][name] = {**result, "command": command, "measured": measured(ROOT)}
+        results["cases"][name] = {**result, "command": command, "measured": when}
         print(name, json.dumps(result), flush=True)
     results.update(command=command, tolerance={"atol": ATOL, "rtol": RTOL, "tie": TIE},
-                   measured=measured(ROOT), **versions())
+                   measured=when, **versions())
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
