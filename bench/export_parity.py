@@ -4,7 +4,7 @@ each model is built from a configuration with random weights.
 
     bench/peers/trl1/.venv/bin/python bench/export_parity.py               # the tiny cases
     bench/peers/trl1/.venv/bin/python bench/export_parity.py --fixtures    # and rewrite tests/fixtures/exports
-    bench/peers/trl1/.venv/bin/python bench/export_parity.py --cases qwen3_0.6b   # Qwen3-0.6B's shape (~12 GB)
+    bench/peers/trl1/.venv/bin/python bench/export_parity.py --cases qwen3_0.6b   # Qwen3-0.6B's shape: 2.4 GB of weights, held several times
 
 (the venv of bench/peers/trl1/setup.sh; this script puts the repository on sys.path itself).
 
