@@ -106,7 +106,7 @@ def tokenizer_files(tokenizer) -> dict[str, str]:
         if files.get(name):
             out[name] = dump(files[name])
     # a template kept in a file of its own (tokenizer_config.json without one) goes back there
-    if files["chat_template"] is not None and (files["tokenizer_config.json"] or {}).get("chat_template") is None:
+    if files.get("chat_template") is not None and (files["tokenizer_config.json"] or {}).get("chat_template") is None:
         out["chat_template.jinja"] = files["chat_template"]
     return out
 
