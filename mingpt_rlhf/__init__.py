@@ -22,6 +22,7 @@ The recipe is this folder, in reading order:
 
 Beside it: methods/ (the methods beside PPO: GRPO and RLOO, DPO, online DPO, best-of-n,
 episodes with an environment), lab/ (the studies' modules) and machinery/ (what the recipe
-runs on: processes, checkpoints, logs, the report, the command line). The scripts at the
+runs on: processes, checkpoints, logs, the report, the command line, published weights in
+and out). The scripts at the
 repository's root (train_sft.py, train_rm.py, train_ppo.py, train_dpo.py, sample.py) run it.
 """

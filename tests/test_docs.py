@@ -101,7 +101,8 @@ def check_command(args: list[str], page: str):
     where = f"{os.path.relpath(page, ROOT)}: python {' '.join(args)}"
     if args[:2] == ["-m", "pytest"]:
         return
-    if args[:2] in (["-m", "mingpt_rlhf.machinery.plot"], ["-m", "mingpt_rlhf.machinery.report"]):
+    if args[:2] in (["-m", "mingpt_rlhf.machinery.plot"], ["-m", "mingpt_rlhf.machinery.report"],
+                    ["-m", "mingpt_rlhf.machinery.export"]):
         importlib.import_module(args[1]).build_parser().parse_args(args[2:])
         return
     script = args[0]

@@ -23,7 +23,9 @@ from ..model import load_state_dict_checked
 STAGES = {"sft": "an SFT policy (train_sft.py)", "rm": "a reward model (train_rm.py)",
           "ppo": "a PPO policy (train_ppo.py)", "grpo": "a GRPO policy (train_ppo.py --algo grpo)",
           "rloo": "an RLOO policy (train_ppo.py --algo rloo)",
-          "reinforce++": "a REINFORCE++ policy (train_ppo.py --algo reinforce++)", "dpo": "a DPO policy (train_dpo.py)"}
+          "reinforce++": "a REINFORCE++ policy (train_ppo.py --algo reinforce++)",
+          "online_dpo": "an online DPO policy (train_ppo.py --algo online_dpo)",
+          "distill": "a distilled policy (train_ppo.py --algo distill)", "dpo": "a DPO policy (train_dpo.py)"}
 
 
 def describe_stage(stage) -> str:

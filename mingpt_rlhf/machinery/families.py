@@ -13,6 +13,8 @@ file; docs/families.md). A family here is two things:
   biases, Qwen3's q/k norms, an untied `lm_head`) follows from its configuration, and a
   tensor the configured model has no place for is refused. q_proj, k_proj and v_proj are
   stacked into our c_attn, gate_proj and up_proj into c_fc (one matmul each).
+The same two, read backwards, write our GPT as such a folder (`family_hparams`,
+`ours_to_family`; machinery/export.py).
 
 The embedding. `vocab_size` in config.json is the embedding's rows; the tokenizer may have
 fewer ids (Qwen: 151,936 rows, 151,665 ids in Qwen2.5's tokenizer and 151,669 in Qwen3's). Our
@@ -66,6 +68,13 @@ WEIGHT_NAMES = {
     "layers.N.mlp.down_proj.weight": ("transformer.h.N.mlp.c_proj.weight", None),
     "norm.weight": ("transformer.ln_f.weight", None),
     "lm_head.weight": ("lm_head.weight", None),  # untied output layers only
+}
+# what an export writes beyond the shapes (export.py): the class transformers builds, and the
+# features that family's config.json could switch on, written as off
+WRITTEN = {
+    "llama": ("LlamaForCausalLM", dict(attention_bias=False, mlp_bias=False)),
+    "qwen2": ("Qwen2ForCausalLM", dict(use_sliding_window=False)),
+    "qwen3": ("Qwen3ForCausalLM", dict(attention_bias=False, use_sliding_window=False)),
 }
 # constants some checkpoints carry (older saves): the rotary frequencies, computed here instead
 SKIPPED = re.compile(r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -243,3 +252,66 @@ def tokenizer_id_count(folder: str) -> int | None:
         return max(ids) + 1 if ids else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise UserError(f"cannot count the ids of {path} ({e}); fix or remove the file") from None
+
+
+# ---- backwards: our GPT -> a Hugging Face folder (machinery/export.py) -----------------------
+
+def family_of(config) -> str:
+    """The family whose layout a GPTConfig of rotary positions, RMSNorm and SwiGLU has: q/k/v
+    biases are Qwen2's, q/k norms Qwen3's, neither Llama's (SmolLM2's). UserError for a layout
+    no family has."""
+    if config.bias or config.rms_norm_eps is None or config.mlp_hidden is None:
+        raise UserError("the model has rotary positions but not the rest of a family's layout "
+                        "(RMSNorm, SwiGLU, no biases); no Hugging Face family computes it")
+    for family, parts in FAMILIES.items():
+        if (config.qkv_bias, config.qk_norm) == (parts["qkv_bias"], parts["qk_norm"]):
+            return family
+    raise UserError("the model has both q/k/v biases (Qwen2) and q/k norms (Qwen3); no Hugging "
+                    "Face family computes it")
+
+
+def family_hparams(config, rows: int) -> dict:
+    """config.json of the model's family: `family_config` backwards, in the layout published
+    files have (`rope_theta` and `rope_scaling`, which transformers 5 reads too). `rows`: the
+    embedding's rows (the `vocab_size` written)."""
+    family = family_of(config)
+    architecture, switched_off = WRITTEN[family]
+    scaling = config.rope_scaling and {
+        "rope_type": "llama3", **{k: config.rope_scaling[k] for k in LLAMA3_KEYS},
+        "original_max_position_embeddings": int(config.rope_scaling["original_max_position_embeddings"])}
+    return {"architectures": [architecture], "model_type": family, "vocab_size": rows,
+            "hidden_size": config.n_embd, "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
+            "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim,
+            "max_position_embeddings": config.block_size, "rms_norm_eps": config.rms_norm_eps,
+            "rope_theta": config.rope_theta, "rope_scaling": scaling or None, "hidden_act": "silu",
+            "tie_word_embeddings": config.tie_embeddings, "attention_dropout": config.dropout,
+            **switched_off}
+
+
+def ours_to_family(state: dict, config, rows: int) -> dict:
+    """`rename` backwards: our state dict under the checkpoint's names (WEIGHT_NAMES read from
+    right to left), c_attn split into q_proj, k_proj, v_proj and c_fc into gate_proj, up_proj,
+    the embedding (and an untied output layer) cut to its first `rows`. A tied output layer is
+    the embedding, so it is not written."""
+    hs = config.head_dim
+    widths = {"c_attn": (config.n_head * hs, config.n_kv_head * hs, config.n_kv_head * hs),
+              "c_fc": (config.mlp_hidden, config.mlp_hidden)}
+    theirs_of = {}  # our name (N: a block's number) -> {part: the checkpoint's name}
+    for theirs, (ours, part) in WEIGHT_NAMES.items():
+        theirs_of.setdefault(ours, {})[part] = theirs
+    tensors = {}
+    for name, t in state.items():
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        match = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", name)
+        ours = f"transformer.h.N.{match.group(2)}" if match else name
+        assert ours in theirs_of, f"our {name} has no entry in WEIGHT_NAMES"
+        parts = theirs_of[ours]
+        pieces = {None: t} if None in parts else dict(enumerate(t.split(widths[ours.split(".")[-2]])))
+        for part, theirs in parts.items():
+            piece = pieces[part][:rows] if theirs in ("embed_tokens.weight", "lm_head.weight") else pieces[part]
+            if match:
+                theirs = theirs.replace("layers.N.", f"layers.{match.group(1)}.")
+            tensors[theirs if theirs == "lm_head.weight" else f"model.{theirs}"] = piece
+    return tensors

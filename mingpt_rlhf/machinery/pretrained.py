@@ -1,6 +1,7 @@
-"""Published weights -> our `GPT`: a safetensors reader (one file or shards), GPT-2's name
-mapping, a download cache; today's families (Llama 3 / SmolLM2, Qwen2 / 2.5, Qwen3) are
-families.py's, told apart from GPT-2 by config.json's `model_type`.
+"""Published weights -> our `GPT`: a safetensors reader (one file or shards) and writer, GPT-2's
+name mapping (both ways: export.py writes our GPT back as GPT-2's files), a download cache;
+today's families (Llama 3 / SmolLM2, Qwen2 / 2.5, Qwen3) are families.py's, told apart from
+GPT-2 by config.json's `model_type`.
 
 Concept. OpenAI's GPT-2 weights, as published on the Hugging Face hub ("gpt2", "gpt2-medium",
 "gpt2-large", "gpt2-xl"), use the parameter names of `model.py` without the "transformer."
@@ -53,6 +54,7 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 REFETCH = "the file is damaged or not safetensors: delete it and download it again"
 
 
@@ -115,6 +117,32 @@ def read_safetensors(path) -> dict[str, torch.Tensor]:
             tensors[name] = torch.frombuffer(buf, dtype=dtype, count=numel,
                                              offset=data_start + begin).view(shape)
     return tensors
+
+
+def write_safetensors(path, tensors: dict[str, torch.Tensor], metadata: dict | None = None,
+                      dtype: torch.dtype | None = None) -> None:
+    """Write `tensors` as one .safetensors file: the header (padded with spaces to a multiple
+    of 8 bytes, as the reference writer pads it), then each tensor's bytes in the header's
+    order. `dtype`: cast each floating tensor to it on the way. One tensor is copied at a time,
+    so a model is never held twice in memory. The caller makes the write atomic."""
+    if sys.byteorder != "little":
+        raise UserError("writing safetensors needs a little-endian machine")
+    cast = lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    header, offset = {"__metadata__": metadata} if metadata else {}, 0
+    for name, t in tensors.items():
+        kind = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        size = t.numel() * kind.itemsize
+        header[name] = {"dtype": DTYPE_NAMES[kind], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for t in tensors.values():
+            f.write(cast(t.detach()).cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_weights(folder: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -215,6 +243,34 @@ def gpt2_to_ours(raw: dict[str, torch.Tensor], path: str) -> tuple[dict, dict]:
         tensors["transformer." + short] = t
         source["transformer." + short] = name
     return tensors, source
+
+
+def ours_to_gpt2(state: dict, config, rows: int) -> dict:
+    """`gpt2_to_ours` backwards, for an export (machinery/export.py): our state dict of GPT-2's
+    layout under the names transformers' GPT2LMHeadModel saves, the Conv1D weights transposed
+    back to (in, out), the embedding cut to its first `rows`. The output layer is the
+    embedding (tied), so it is not written. A model without biases (`bias=False`) gets zero
+    biases, which compute the same: GPT-2's layers all have one."""
+    tensors = {}
+    for name, t in state.items():
+        if name == "lm_head.weight":
+            continue
+        tensors[name] = t[:rows] if name == "transformer.wte.weight" else \
+            t.t() if name.endswith(CONV1D) else t
+        bias = name.removesuffix("weight") + "bias"
+        if name.endswith("weight") and "wte" not in name and "wpe" not in name and bias not in state:
+            tensors[bias] = torch.zeros(len(t), dtype=t.dtype)  # (out,) of a Linear, (C,) of a LayerNorm
+    return tensors
+
+
+def gpt2_hparams(config, rows: int) -> dict:
+    """config.json of GPT-2's layout (GPT2LMHeadModel) for a GPTConfig: `gpt2_config`
+    backwards, with the keys `gpt2_config` checks written as our GPT computes them."""
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": rows,
+            "n_positions": config.block_size, "n_embd": config.n_embd, "n_layer": config.n_layer,
+            "n_head": config.n_head, "n_inner": None, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5, "resid_pdrop": config.dropout,
+            "embd_pdrop": config.dropout, "attn_pdrop": config.dropout, "tie_word_embeddings": True}
 
 
 def gpt2_config(tensors: dict, hparams: dict, path: str, vocab_size: int | None) -> dict:
