@@ -14,6 +14,7 @@ none is missing); `exact_ascent` follows a row's expected update from the refere
 stops, to see where it ends: at pi*, the maximiser of J, or elsewhere.
 
     python -m mingpt_rlhf.lab.gradients     # the table of every row (bench/results/gradients.json)
+    python -m mingpt_rlhf.lab.gradients --markdown   # docs/gradients.md's table, from the JSON
 """
 from __future__ import annotations
 
@@ -439,9 +440,30 @@ class Config:
     steps: int = opt(2000, "most steps of each row's exact ascent")
     seed: int = opt(0, "the world's seed (its reference logits and rewards)")
     beta: float = opt(0.5, "the world's KL coefficient")
+    markdown: bool = opt(False, "only print the table of --out's JSON as docs/gradients.md "
+                                "holds it (no computation)")
+
+
+def markdown_table(result: dict) -> str:
+    """The rows of a result (main's JSON) as the Markdown table docs/gradients.md holds."""
+    def small(x: float) -> str:
+        return f"{x:.0e}" if x < 1e-3 else f"{x:.2g}" if x < 1 else f"{x:.3g}"
+    lines = ["| configuration | unbiased for J | cos to grad J | norm / grad J | ascent ends | "
+             "KL(end &#124;&#124; pi*) | KL(end &#124;&#124; ref) | E[r] at end | J at end |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {'**yes**' if r['unbiased'] else 'no'} | {r['cosine']:.4f} | "
+                     f"{r['norm_ratio']:.4f} | {r['outcome']} | {small(r['kl_to_optimum'])} | "
+                     f"{r['kl_to_ref']:.3f} | {r['reward']:.3f} | {r['objective']:.3f} |")
+    return "\n".join(lines)
 
 
 def main(cfg: Config) -> dict:
+    if cfg.markdown:
+        with open(cfg.out) as f:
+            result = json.load(f)
+        print(markdown_table(result))
+        return result
     torch.set_num_threads(1)  # the world's tensors are tiny: threads cost more than they bring
     world = make_world(cfg.seed, cfg.beta)
     star = optimal_policy(world)
