@@ -6,8 +6,9 @@ its teacher's quality, and at what share of RL's compute?
     python bench/distill.py --summary_only                   # the table from the JSON
     python bench/distill.py --smoke --work /tmp/d --results /tmp/d.json --iters 2   # tiny sizes
 
-The teachers (one per task, each in --work/TASK, trained here at the scripts' defaults unless a
-finished run is already there, so earlier runs can be copied in):
+The teachers (one per task, in --work/TASK/teacher, trained here at the scripts' defaults with
+their SFT policy in --work/TASK/sft and reward model in --work/TASK/rm, unless a finished run is
+already there: runs made earlier can be copied in, their training FLOPs then unknown):
 - reviews: the built-in pipeline, `train_sft.py`, `train_rm.py`, `train_ppo.py` (PPO against
   the reward model, 200 iterations);
 - sort: `train_sft.py --task sort`, then `train_ppo.py --task sort --reward task --algo grpo`
@@ -46,13 +47,15 @@ The methods (--methods), each for every task, student and seed, --iters iteratio
   reference), each part with its own learning-rate decay. The curve joins the two.
 
 Per run, in bench/results/distill.json as it ends (a run there is not run again unless
---rerun; a training run killed part-way resumes from its checkpoint, its FLOP counts from the
-file beside it, model_flops.json):
+--rerun; a train_ppo.py run killed part-way resumes from its checkpoint, its FLOP counts from
+the file beside it, model_flops.json; an sft_teacher run, a few minutes, starts again):
 - the held-out eval every --eval_interval iterations (train_ppo.py's own: --eval_prompts
-  prompts, one sample each at temperature 1): step, gold (sort: the accuracy), kl (for distill
-  to the teacher, for RL to its reference: the student's start), gold_unseen on sort; with the
-  model FLOPs and the training seconds (evals left out) spent before it, and the response
-  tokens the student had generated (for distill: the teacher tokens);
+  prompts, one sample each at temperature 1; for sft_teacher the same, computed here): step,
+  gold (sort: the accuracy), kl (distill and sft_teacher: to the teacher; RL: to its
+  reference, the policy it started from), gold_unseen on sort; with the model FLOPs and the
+  training seconds (evals left out) spent before it, and the response tokens learnt from by
+  then (the student's own samples; sft_teacher's, the teacher's); teacher_tokens, those the
+  teacher graded (distill) or wrote (sft_teacher);
 - the final figures of the run's log, its wall seconds, its FLOPs per phase and model;
 - model FLOPs (model_flops.py): 2 x parameters per position in a forward pass, 4 x in a
   backward, counted in the models' own passes (every model the method runs: policy, teacher,
@@ -72,7 +75,25 @@ file beside it, model_flops.json):
   first --passk_problems held-out problems (200), k = 1, 2, 4, .. --passk_n.
 The teachers and the SFT students are measured the same way ("references").
 
-Cost: see the docstring's end (measured per iteration with the machine shared).
+Cost, from the training seconds per iteration of one seed at --iters 10 (2026-11-29, one
+thread, the 2-core machine shared with other work: load about 4.5; alone it should take about
+half), teacher's size / small student:
+    sort     distill 0.66 / 0.50, distill_token 0.35 / 0.44, sft_teacher 0.94 / 0.42,
+             rl (GRPO) 0.76 / 0.26, distill_then_rl 0.78 / 0.31
+    reviews  distill 0.76 / 0.68, distill_token 0.92 / 0.56, sft_teacher 0.91 / 0.71,
+             rl (PPO) 2.96 / 1.80, rl_grpo 1.46 / 0.40, distill_then_rl 2.54 / 1.16
+and about 1 s (0.4-2.9) per held-out eval, 41 of them in a run of 200 iterations; the final
+measures take ~8 s per policy on reviews, ~19 s on sort (pass@k). At those rates the default
+grid (66 runs of 200 iterations) takes about 3.0 h on reviews and 1.2 h on sort, the stages
+(4 SFT runs, the reward model, the 2 teachers) and the measures 0.6 h more: about 5 CPU hours,
+give or take half (the rates move as responses lengthen or shorten in training). Two
+processes halve the wall time on 2 cores:
+
+    python bench/distill.py --tasks reviews --results bench/results/distill_reviews.json &
+    python bench/distill.py --tasks sort --results bench/results/distill_sort.json
+    python bench/distill.py --merge bench/results/distill_reviews.json bench/results/distill_sort.json
+
+(`--iters 100` halves the cost, with RL runs half as long as the teachers'.)
 """
 from __future__ import annotations
 
@@ -445,8 +466,10 @@ def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: 
         "model_config": asdict(student.config), "tokenizer": tokenizer.state_dict(), "step": step})
     return {"curve": curve, "final": {k: v for k, v in curve[-1].items()
                                       if k not in ("step", "flops", "seconds", "tokens")},
-            "tokens": used, "budget": budget, "iterations": step, "flops": counter.state(),
-            "train_flops": counter.total("train"), "seconds": round(time.time() - start, 1),
+            "tokens": used, "teacher_tokens": used, "budget": budget, "iterations": step,
+            "flops": counter.state(), "train_flops": counter.total("train"),
+            "seconds": round(time.time() - start - in_eval[0], 2),
+            "wall_seconds": round(time.time() - start, 1),
             "ran_with": {"sft_lr": lr, "prompts_per_iteration": ppo.rollout_batch_size,
                          "epochs": ppo.ppo_epochs, "minibatch_size": ppo.minibatch_size,
                          "max_new_tokens": ppo.max_new_tokens, "seed": seed}}
@@ -526,13 +549,15 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
                              f"put distill before sft_teacher in --methods")
         ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
         return sft_on_teacher(student_sft, folders["teacher"], get_task(task_name, seed=seed),
-                              distilled["tokens"], seed, ppo, args.sft_lr, args.eval_prompts,
+                              distilled["teacher_tokens"], seed, ppo, args.sft_lr, args.eval_prompts,
                               args.eval_interval, out)
     options = ppo_options(task_name, method, args, size, folders, student_sft, seed)
     if method != "distill_then_rl":
         counted = counted_train_ppo(out, **options)
         record = ppo_record(out, counted)
         record["wall_seconds"] = round(time.time() - start, 1)
+        if method.startswith("distill"):  # the teacher graded every token the student sampled
+            record["teacher_tokens"] = record["tokens"]
         return record
     # distillation, then RL from the distilled student
     first, second = os.path.join(out, "distill"), os.path.join(out, "rl")
@@ -552,7 +577,8 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
             for model, f in models.items():
                 flops.setdefault(phase, {})[model] = flops.get(phase, {}).get(model, 0.0) + f
     return {"curve": [dict(p, part="distill") for p in part1["curve"]] + [dict(p, part="rl") for p in curve2],
-            "final": part2["final"], "tokens": part1["tokens"], "rl_tokens": part2["tokens"],
+            "final": part2["final"], "tokens": part1["tokens"] + part2["tokens"],
+            "teacher_tokens": part1["tokens"],
             "flops": flops, "train_flops": part1.get("train_flops", 0.0) + part2.get("train_flops", 0.0),
             "seconds": part1.get("seconds", 0.0) + part2.get("seconds", 0.0),
             "partial": part1.get("partial", False) or part2.get("partial", False),
@@ -592,7 +618,7 @@ def summarise(result: dict) -> dict:
             continue
         run["reached"] = reached(run["curve"], teacher["gold"] - tolerance)
         figures = {"final_gold": run["final"]["gold"], "train_flops": run.get("train_flops"),
-                   "seconds": run.get("seconds"), "tokens": run["tokens"],
+                   "seconds": run.get("seconds"), "teacher_tokens": run.get("teacher_tokens"),
                    "reached": float(run["reached"] is not None)}
         if run["reached"] is not None:
             figures.update({f"reach_{k}": v for k, v in run["reached"].items()})
@@ -603,7 +629,12 @@ def summarise(result: dict) -> dict:
                 figures[k] = v
         flat[key] = {k: v for k, v in figures.items() if v is not None}
     names = sorted({f for figures in flat.values() for f in figures})
-    return results_file.over_seeds(flat, names)
+    summary = results_file.over_seeds(flat, names)
+    for row, figures in summary.items():  # the mean FLOPs to reach, over rl's of the same student
+        rl = summary.get(row.rsplit("/", 1)[0] + "/rl", {})
+        if "reach_flops" in figures and rl.get("reach_flops", {}).get("mean"):
+            figures["reach_flops_vs_rl"] = figures["reach_flops"]["mean"] / rl["reach_flops"]["mean"]
+    return summary
 
 
 def fmt(x, digits=3) -> str:
@@ -615,33 +646,35 @@ def fmt(x, digits=3) -> str:
 
 
 def table(result: dict) -> None:
-    summary = result.get("summary", {})
+    """The teachers, the SFT students, then a line per row (task/student/method): seeds, the
+    final gold (the bench's measure) with its range over the seeds, the seeds that reached the
+    teacher, the mean FLOPs and training seconds to reach it (over those seeds) and the FLOPs'
+    ratio to rl's, the whole run's training FLOPs, the teacher tokens, the gold on the
+    teacher's wrong prompts, the KL to the teacher, pass@1 and pass@n (sort)."""
+    summary, n = result.get("summary", {}), str(result.get("passk_n", ""))
     for task_name, teacher in sorted(result.get("teachers", {}).items()):
         stage = result.get("stages", {}).get(f"{task_name}/teacher", {})
+        passk = teacher.get("passk", {})
         print(f"{task_name} teacher: gold {fmt(teacher['gold'])}, wrong on {teacher['prompts_wrong']} "
               f"of {len(teacher['wrong'])} prompts (gold there {fmt(teacher['gold_teacher_wrong'])}), "
               f"its RL {fmt(stage.get('train_flops'))} FLOPs"
-              + (f", pass@1 {fmt(teacher['passk']['1'])} pass@{max(map(int, teacher['passk']))} "
-                 f"{fmt(teacher['passk'][str(max(map(int, teacher['passk'])))])}" if "passk" in teacher else ""))
+              + (f", pass@1 {fmt(passk['1'])} pass@{n} {fmt(passk.get(n))}" if passk else ""))
     for key, ref in sorted(result.get("references", {}).items()):
-        print(f"{key:28s} gold {fmt(ref['gold'])}, on the teacher's wrong prompts "
+        print(f"{key:30s} gold {fmt(ref['gold'])}, on the teacher's wrong prompts "
               f"{fmt(ref['gold_teacher_wrong'])}, KL to the teacher {fmt(ref['kl_teacher'])}")
-    print(f"{'row':28s} {'n':>2s} {'gold':>6s} {'range':>13s} {'reached':>7s} {'FLOPs to reach':>14s} "
-          f"{'x rl':>5s} {'s to reach':>10s} {'train FLOPs':>11s} {'tokens':>9s} {'t-wrong':>7s} "
-          f"{'KL->t':>6s} {'pass@1':>6s}")
+    print(f"{'row':30s} {'n':>2s} {'gold':>6s} {'min..max':>13s} {'reached':>7s} "
+          f"{'FLOPs to reach':>14s} {'x rl':>5s} {'s to reach':>10s} {'train FLOPs':>11s} "
+          f"{'t tokens':>9s} {'t-wrong':>7s} {'KL->t':>6s} {'pass@1':>6s} {'@' + n:>6s}")
     for row, s in sorted(summary.items()):
         mean = lambda k: s[k]["mean"] if k in s else None
-        rl = summary.get(row.rsplit("/", 1)[0] + "/rl", {})
-        ratio = (mean("reach_flops") / rl["reach_flops"]["mean"]
-                 if "reach_flops" in s and "reach_flops" in rl and rl["reach_flops"]["mean"] else None)
-        gold = s.get("gold", s.get("final_gold"))
-        print(f"{row:28s} {s['seeds']:2d} {fmt(gold['mean']):>6s} "
-              f"{fmt(gold['min']) + '-' + fmt(gold['max']):>13s} "
+        gold = s.get("gold", s["final_gold"])
+        print(f"{row:30s} {s['seeds']:2d} {fmt(gold['mean']):>6s} "
+              f"{fmt(gold['min']) + '..' + fmt(gold['max']):>13s} "
               f"{fmt(s['reached']['mean'] * s['seeds'], 0) + '/' + str(s['seeds']):>7s} "
-              f"{fmt(mean('reach_flops')):>14s} {fmt(ratio, 2):>5s} {fmt(mean('reach_seconds'), 0):>10s} "
-              f"{fmt(mean('train_flops')):>11s} {fmt(mean('tokens'), 0):>9s} "
-              f"{fmt(mean('gold_teacher_wrong')):>7s} {fmt(mean('kl_teacher'), 2):>6s} "
-              f"{fmt(mean('pass@1')):>6s}")
+              f"{fmt(mean('reach_flops')):>14s} {fmt(s.get('reach_flops_vs_rl'), 2):>5s} "
+              f"{fmt(mean('reach_seconds'), 0):>10s} {fmt(mean('train_flops')):>11s} "
+              f"{fmt(mean('teacher_tokens'), 0):>9s} {fmt(mean('gold_teacher_wrong')):>7s} "
+              f"{fmt(mean('kl_teacher'), 2):>6s} {fmt(mean('pass@1')):>6s} {fmt(mean('pass@' + n)):>6s}")
 
 
 # ---------------------------------------------------------------- main
@@ -675,21 +708,36 @@ def main(argv=None) -> dict:
     ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has "
                     "(its folders are emptied first; the teachers and SFT policies are kept)")
     ap.add_argument("--summary_only", action="store_true", help="only print the table of the JSON")
+    ap.add_argument("--merge", nargs="+", default=[], help="add these results files' runs, "
+                    "teachers, references and stages to --results (a process per task, each "
+                    "with its own --results), then print the table")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (SMOKE): checks the code "
                     "path, measures nothing")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("MINGPT_RLHF_PLOT", "0")
     result = results_file.load(args.results)
+    if args.merge:
+        result = merged(result, args.merge)
+        result["summary"] = summarise(result)
+        results_file.save(args.results, result)
+        table(result)
+        return result
     if args.summary_only:  # recomputed from the runs, not written back
         result["summary"] = summarise(result)
         table(result)
         return result
     size = SMOKE if args.smoke else FULL
     result["command"] = "python bench/distill.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    result.update(tolerance=args.tolerance, eval_interval=args.eval_interval,
-                  eval_prompts=args.eval_prompts, final_samples=args.final_samples,
-                  passk_n=args.passk_n, passk_problems=args.passk_problems)
+    design = dict(iters=args.iters, split=args.split, eval_interval=args.eval_interval,
+                  eval_prompts=args.eval_prompts, small=args.small, sft_lr=args.sft_lr,
+                  final_samples=args.final_samples, passk_n=args.passk_n,
+                  passk_problems=args.passk_problems, smoke=args.smoke)
+    held = {k: result[k] for k in design if k in result}
+    if result["runs"] and held != {k: design[k] for k in held}:
+        sys.exit(f"{args.results} holds runs made with {held}: pass the same options, or another "
+                 f"--results (and --work) for other ones")
+    result.update(design, torch=torch.__version__, threads=args.threads, tolerance=args.tolerance)
     result.setdefault("teachers", {})
     result.setdefault("references", {})
     for task_name in args.tasks:

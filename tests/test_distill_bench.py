@@ -121,13 +121,15 @@ def test_the_study_at_tiny_size_runs_every_row_resumes_and_summarises(stages, tm
     distill, sft = runs["reviews/small/distill/0"], runs["reviews/small/sft_teacher/0"]
     assert [p["step"] for p in distill["curve"]] == [0, 1, 2]
     assert all(p["flops"] < q["flops"] for p, q in zip(distill["curve"], distill["curve"][1:]))
-    assert distill["curve"][-1]["tokens"] == distill["tokens"] > 0
-    assert distill["tokens"] <= sft["tokens"] <= distill["tokens"] + 16  # + one response at most
+    assert distill["curve"][-1]["tokens"] == distill["tokens"] == distill["teacher_tokens"] > 0
+    budget = distill["teacher_tokens"]  # sft_teacher's: at most one response (16 tokens) more
+    assert sft["budget"] == budget <= sft["teacher_tokens"] <= budget + 16
     for k in ("gold", "kl", "well_formed"):  # the bench's eval is train_ppo.py's
         assert sft["curve"][0][k] == pytest.approx(distill["curve"][0][k], abs=1e-5)
     both = runs["reviews/small/distill_then_rl/0"]
     assert [p["part"] for p in both["curve"]] == ["distill", "distill", "rl"] and both["split"] == [1, 1]
     assert both["train_flops"] == pytest.approx(both["curve"][-1]["flops"])
+    assert both["teacher_tokens"] == both["curve"][1]["tokens"] < both["tokens"] == both["curve"][2]["tokens"]
     for run in runs.values():
         assert {"gold", "kl_teacher", "gold_teacher_wrong"} <= set(run["measured_final"])
         assert run["measured"] and run["command"].startswith("python bench/distill.py")
@@ -169,6 +171,7 @@ def test_the_summary_says_which_runs_reached_the_teacher_and_at_what_share_of_rl
     assert runs["sort/small/rl/0"]["reached"]["flops"] == 4e9
     assert runs["sort/small/sft_teacher/0"]["reached"] is None
     assert summary["sort/small/sft_teacher"]["reached"]["mean"] == 0.0
+    assert summary["sort/small/distill"]["reach_flops_vs_rl"] == 0.25
     path = tmp_path / "d.json"
     path.write_text(json.dumps(result))
     bench.main(["--summary_only", "--results", str(path)])
@@ -176,3 +179,31 @@ def test_the_summary_says_which_runs_reached_the_teacher_and_at_what_share_of_rl
     line = next(x for x in out.splitlines() if x.startswith("sort/small/distill "))
     assert " 0.25 " in line and " 1/1 " in line
     assert " 0/1 " in next(x for x in out.splitlines() if x.startswith("sort/small/sft_teacher "))
+
+
+def test_merge_joins_two_processes_results_and_refuses_another_design(tmp_path):
+    """Two files of one design (a process per task) merge into one: every run, teacher,
+    reference and stage of both; a file made with other --iters is refused."""
+    bench = distill_bench()
+
+    def part(task, iters):
+        return {"iters": iters, "eval_interval": 5, "tolerance": 0.02,
+                "runs": {f"{task}/small/rl/0": {"curve": [{"step": 0, "gold": 0.1}], "final": {"gold": 0.1}}},
+                "teachers": {task: {"gold": 0.5, "wrong": [True], "prompts_wrong": 1,
+                                    "gold_teacher_wrong": 0.0}},
+                "references": {f"{task}/small/sft": {"gold": 0.1, "gold_teacher_wrong": 0.0,
+                                                     "kl_teacher": 1.0}},
+                "stages": {f"{task}/teacher": {"train_flops": 1.0}}}
+    paths = {}
+    for name, task, iters in (("a", "reviews", 200), ("b", "sort", 200), ("c", "sort", 100)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(part(task, iters)))
+    out = tmp_path / "all.json"
+    merged = bench.merged({"runs": {}}, [str(paths["a"]), str(paths["b"])])
+    assert set(merged["runs"]) == {"reviews/small/rl/0", "sort/small/rl/0"}
+    assert set(merged["teachers"]) == {"reviews", "sort"} and merged["iters"] == 200
+    assert set(merged["stages"]) == {"reviews/teacher", "sort/teacher"}
+    with pytest.raises(SystemExit, match="other options"):
+        bench.merged(merged, [str(paths["c"])])
+    bench.main(["--results", str(out), "--merge", str(paths["a"]), str(paths["b"])])
+    assert set(json.loads(out.read_text())["runs"]) == set(merged["runs"])
