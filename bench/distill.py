@@ -86,8 +86,8 @@ and about 1 s (0.4-2.9) per held-out eval, 41 of them in a run of 200 iterations
 measures take ~8 s per policy on reviews, ~19 s on sort (pass@k). At those rates the default
 grid (66 runs of 200 iterations) takes about 3.0 h on reviews and 1.2 h on sort, the stages
 (4 SFT runs, the reward model, the 2 teachers) and the measures 0.6 h more: about 5 CPU hours,
-give or take half (the rates move as responses lengthen or shorten in training). Two
-processes halve the wall time on 2 cores:
+give or take half (the rates move as responses lengthen or shorten in training). A process
+per task brings the wall time on 2 cores down to the longer task's, about 3.5 h:
 
     python bench/distill.py --tasks reviews --results bench/results/distill_reviews.json &
     python bench/distill.py --tasks sort --results bench/results/distill_sort.json
@@ -99,12 +99,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import asdict
 import json
 import os
 import shutil
 import sys
 import time
+from dataclasses import asdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -344,6 +344,12 @@ def per_prompt_gold(policy, tokenizer, task, prompts, n, max_new_tokens, batch, 
     return means, (sum(kls) / len(kls) if kls is not None else None)
 
 
+def mean_where(values: list[float], flags: list[bool], keep: bool) -> float | None:
+    """The mean of the values whose flag is `keep` (None if there are none)."""
+    kept = [v for v, f in zip(values, flags) if f == keep]
+    return sum(kept) / len(kept) if kept else None
+
+
 def teacher_wrong(task_name: str, gold: float) -> bool:
     """Whether a prompt's mean gold says the teacher is wrong there: below 0 on reviews (the
     gold is in [-1, 1]), right less than half the time on sort."""
@@ -360,10 +366,9 @@ def measure_final(folder: str, task_name: str, task, teacher, tokenizer, teacher
     means, kl = per_prompt_gold(policy, tokenizer, task, prompts, args.final_samples,
                                 max_new_tokens, 64, seed, teacher)
     wrong = teacher_side["wrong"]
-    on = lambda keep: (sum(m for m, w in zip(means, wrong) if w == keep) / sum(w == keep for w in wrong)
-                       if any(w == keep for w in wrong) else None)
-    figures = {"gold": sum(means) / len(means), "kl_teacher": kl, "gold_teacher_wrong": on(True),
-               "gold_teacher_right": on(False)}
+    figures = {"gold": sum(means) / len(means), "kl_teacher": kl,
+               "gold_teacher_wrong": mean_where(means, wrong, True),
+               "gold_teacher_right": mean_where(means, wrong, False)}
     if task_name == "sort":
         figures["passk"] = passk_of(policy, tokenizer, task, args, seed)
     return figures
@@ -385,11 +390,9 @@ def measure_teacher(task_name: str, task, folder: str, args, max_new_tokens: int
     first, _ = per_prompt_gold(teacher, tokenizer, task, prompts, args.final_samples, max_new_tokens, 64, 1000)
     second, _ = per_prompt_gold(teacher, tokenizer, task, prompts, args.final_samples, max_new_tokens, 64, 2000)
     wrong = [teacher_wrong(task_name, g) for g in first]
-    n_wrong = sum(wrong)
-    figures = {"gold": sum(second) / len(second), "wrong": wrong, "prompts_wrong": n_wrong,
-               "gold_teacher_wrong": sum(g for g, w in zip(second, wrong) if w) / n_wrong if n_wrong else None,
-               "gold_teacher_right": (sum(g for g, w in zip(second, wrong) if not w) / (len(wrong) - n_wrong)
-                                      if n_wrong < len(wrong) else None)}
+    figures = {"gold": sum(second) / len(second), "wrong": wrong, "prompts_wrong": sum(wrong),
+               "gold_teacher_wrong": mean_where(second, wrong, True),
+               "gold_teacher_right": mean_where(second, wrong, False)}
     if task_name == "sort":
         figures["passk"] = passk_of(teacher, tokenizer, task, args, 0)
     return figures
@@ -433,7 +436,7 @@ def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: 
             curve.append(point)
 
         evaluate(0)
-        step = 0
+        step = idle = 0
         while used < budget:
             picked = torch.randint(len(train_prompts), (ppo.rollout_batch_size,), generator=prompt_gen)
             prompts = [train_prompts[i] for i in picked.tolist()]
@@ -446,6 +449,10 @@ def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: 
                 if text is not None and used < budget:
                     demos.append((p, text))
                     used += n
+            idle = 0 if demos else idle + 1
+            if idle == 10:  # else it would sample for ever
+                sys.exit(f"the teacher in {teacher_dir} ended none of its answers in 10 batches "
+                         f"of {len(prompts)}: it makes no demonstrations")
             if demos:
                 data = SFTData(tokenizer, demos, student.config.block_size)
                 optimizer.set_lr_scale(scale)
@@ -538,13 +545,14 @@ def distill_iters(args) -> int:
 
 def run_method(task_name: str, student: str, method: str, seed: int, args, size: dict,
                folders: dict, result: dict) -> dict:
+    """One run of the grid (module docstring): its record for the JSON."""
     student_sft = folders["sft"] if student == "same" else folders["sft_small"]
     out = os.path.join(args.work, task_name, student, method, f"seed{seed}")
     start = time.time()
     if method == "sft_teacher":
         distilled = result["runs"].get(f"{task_name}/{student}/distill/{seed}")
         if distilled is None:
-            raise SystemExit(f"sft_teacher matches the teacher tokens of the distill run of "
+            sys.exit(f"sft_teacher matches the teacher tokens of the distill run of "
                              f"{task_name}/{student}/seed {seed}, which is not in {args.results}: "
                              f"put distill before sft_teacher in --methods")
         ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
@@ -571,7 +579,7 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
     offset = {"step": end["step"], "flops": part1.get("train_flops", 0.0),
               "seconds": part1.get("seconds", 0.0), "tokens": part1["tokens"]}
     curve2 = curve_of(second, counted2, offset)[1:]  # its step 0 is the distilled student again
-    flops = {}
+    flops = {}  # the two parts' counts added, phase by phase and model by model
     for part in (part1, part2):
         for phase, models in part.get("flops", {}).items():
             for model, f in models.items():
@@ -586,6 +594,7 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
             "ran_with": {"distill": part1["ran_with"], "rl": part2["ran_with"]},
             "wall_seconds": round(time.time() - start, 1)}
 
+
 def final_folder(args, task_name: str, student: str, method: str, seed: int) -> str:
     out = os.path.join(args.work, task_name, student, method, f"seed{seed}")
     return os.path.join(out, "rl") if method == "distill_then_rl" else out
@@ -593,8 +602,7 @@ def final_folder(args, task_name: str, student: str, method: str, seed: int) -> 
 
 def methods_of(task_name: str, methods: list[str]) -> list[str]:
     """The methods that apply to the task, distill first (sft_teacher needs its tokens)."""
-    kept = [m for m in METHODS if m in methods and (m != "rl_grpo" or task_name == "reviews")]
-    return kept
+    return [m for m in METHODS if m in methods and (m != "rl_grpo" or task_name == "reviews")]
 
 
 # ---------------------------------------------------------------- the summary
@@ -675,6 +683,27 @@ def table(result: dict) -> None:
               f"{fmt(mean('reach_seconds'), 0):>10s} {fmt(mean('train_flops')):>11s} "
               f"{fmt(mean('teacher_tokens'), 0):>9s} {fmt(mean('gold_teacher_wrong')):>7s} "
               f"{fmt(mean('kl_teacher'), 2):>6s} {fmt(mean('pass@1')):>6s} {fmt(mean('pass@' + n)):>6s}")
+
+
+
+
+def merged(result: dict, paths: list[str]) -> dict:
+    """`result` with the runs, teachers, references and stages of the files `paths` added:
+    studies made at once by several processes, each into its own file, with one design."""
+    for path in paths:
+        other = results_file.load(path)
+        design = {k: other[k] for k in ("iters", "split", "eval_interval", "eval_prompts", "small",
+                                         "sft_lr", "final_samples", "passk_n", "passk_problems",
+                                         "smoke", "tolerance") if k in other}
+        clash = {k: (result[k], v) for k, v in design.items() if k in result and result[k] != v}
+        if result.get("runs") and clash:
+            sys.exit(f"{path} was made with other options than the runs it would join "
+                     f"(theirs, its): {clash}")
+        if not result.get("runs"):
+            result.update(design)
+        for part in ("runs", "teachers", "references", "stages"):
+            result.setdefault(part, {}).update(other.get(part, {}))
+    return result
 
 
 # ---------------------------------------------------------------- main
