@@ -124,6 +124,8 @@ from mingpt_rlhf.logprobs import lm_loss, sequence_logprobs  # noqa: E402
 from mingpt_rlhf.machinery.checkpoint import (load_policy, save_checkpoint,  # noqa: E402
                                               weights_for_later_stages)
 from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device,  # noqa: E402
+                                           resolve_dtype)
 from mingpt_rlhf.optim import Optimizer  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 from sample import demonstrations_of  # noqa: E402
@@ -313,7 +315,7 @@ def answers(policy, tokenizer, prompts: list[str], max_new_tokens: int, batch: i
     """One sample per prompt (repeat a prompt to get more), as train_ppo.py's eval samples
     (temperature 1, PAD never written): (texts, each response's KL to `teacher`, or None),
     the KL being the sum over the response's tokens of log pi - log pi_teacher."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(next(policy.parameters()).device).manual_seed(seed)
     texts, kls = [], []
     for out in generate_batches(policy, tokenizer, prompts, max_new_tokens, batch, generator=generator):
         texts += response_texts(tokenizer, out)
@@ -361,7 +363,7 @@ def measure_final(folder: str, task_name: str, task, teacher, tokenizer, teacher
     """The bench's own figures of a final policy (module docstring): gold over --final_samples
     answers per held-out prompt, KL to the teacher, gold on the teacher's wrong and right
     prompts, and on sort pass@k."""
-    policy, _, _ = load_policy(folder, flag="policy")
+    policy = load_policy(folder, flag="policy", frozen=True)[0].to(pick_device(args.device))
     prompts = task.prompts("eval")[:args.eval_prompts]
     means, kl = per_prompt_gold(policy, tokenizer, task, prompts, args.final_samples,
                                 max_new_tokens, 64, seed, teacher)
@@ -376,8 +378,9 @@ def measure_final(folder: str, task_name: str, task, teacher, tokenizer, teacher
 
 def passk_of(policy, tokenizer, task, args, seed) -> dict:
     prompts = task.prompts("eval")[:args.passk_problems]
+    generator = torch.Generator(next(policy.parameters()).device).manual_seed(seed)
     right = right_answers(policy, tokenizer, task, prompts, args.passk_n, PASSK_TOKENS,
-                          generator=torch.Generator().manual_seed(seed))
+                          generator=generator)
     ks = [2 ** i for i in range(args.passk_n.bit_length()) if 2 ** i <= args.passk_n]
     return {str(k): v for k, v in pass_at_k_curve([(args.passk_n, c) for c in right], ks).items()}
 
@@ -385,7 +388,8 @@ def passk_of(policy, tokenizer, task, args, seed) -> dict:
 def measure_teacher(task_name: str, task, folder: str, args, max_new_tokens: int) -> dict:
     """The teacher's held-out figures: draw A (seed 1000) decides on which prompts it is wrong,
     draw B (seed 2000) gives its gold there and overall; on sort its pass@k."""
-    teacher, tokenizer, _ = load_policy(folder, flag="teacher")
+    teacher, tokenizer, _ = load_policy(folder, flag="teacher", frozen=True)
+    teacher.to(pick_device(args.device))
     prompts = task.prompts("eval")[:args.eval_prompts]
     first, _ = per_prompt_gold(teacher, tokenizer, task, prompts, args.final_samples, max_new_tokens, 64, 1000)
     second, _ = per_prompt_gold(teacher, tokenizer, task, prompts, args.final_samples, max_new_tokens, 64, 2000)
@@ -402,34 +406,37 @@ def measure_teacher(task_name: str, task, folder: str, args, max_new_tokens: int
 
 def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: int,
                    ppo: train_ppo.Config, lr: float, eval_prompts: int, eval_interval: int,
-                   out_dir: str) -> dict:
+                   out_dir: str, device: torch.device) -> dict:
     """The sft_teacher row (module docstring): the student's SFT policy trained on the
     teacher's samples until `budget` teacher tokens, evaluated as train_ppo.py evaluates, its
     FLOPs counted (the teacher's sampling and the student's passes, in phase train), the
     final student saved as a policy checkpoint in `out_dir` (no resuming: a killed run starts
-    again)."""
+    again). On `device`, in the dtype train_ppo.py would take there (bfloat16 autocast on a
+    GPU that has it)."""
     start = time.time()
     counter, in_eval = FlopCounter(), [0.0]
     curve, used = [], 0
     with counter:
+        dtype = resolve_dtype("auto", device)
+        amp = lambda: autocast(device, dtype)
         teacher, tokenizer, _ = load_policy(teacher_dir, flag="--teacher_dir", frozen=True)
-        student, _, _ = load_policy(student_dir, flag="student")
-        student.requires_grad_(True)
+        student = load_policy(student_dir, flag="student")[0].to(device)
+        hold_frozen_in(teacher.to(device), dtype)
         counter.name(teacher, "teacher")
         counter.name(student, "policy")
         params = [p for p in student.parameters() if p.requires_grad]
-        optimizer = Optimizer([{"params": params, "lr": lr, "weight_decay": 0.0}], torch.float32,
-                              torch.device("cpu"), ppo.grad_clip)
+        optimizer = Optimizer([{"params": params, "lr": lr, "weight_decay": 0.0}], dtype, device,
+                              ppo.grad_clip)
         train_prompts, held_out = task.prompts("train"), task.prompts("eval")[:eval_prompts]
-        prompt_gen = torch.Generator().manual_seed(seed)
-        sample_gen = torch.Generator().manual_seed(seed + 1)
-        shuffle_gen = torch.Generator().manual_seed(seed + 2)
+        prompt_gen = torch.Generator().manual_seed(seed)             # which prompts (CPU)
+        sample_gen = torch.Generator(device).manual_seed(seed + 1)   # the teacher's tokens
+        shuffle_gen = torch.Generator().manual_seed(seed + 2)        # minibatch order (CPU)
 
         def evaluate(step):
             point = {"step": step, "flops": counter.total("train"),
                      "seconds": round(time.time() - start - in_eval[0], 2), "tokens": used}
             t = time.time()
-            with counter.in_phase("eval"):
+            with counter.in_phase("eval"), amp():
                 point.update(held_out_eval(student, teacher, tokenizer, task, held_out,
                                            ppo.max_new_tokens, ppo.rollout_batch_size, seed))
             in_eval[0] += time.time() - t
@@ -440,7 +447,7 @@ def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: 
         while used < budget:
             picked = torch.randint(len(train_prompts), (ppo.rollout_batch_size,), generator=prompt_gen)
             prompts = [train_prompts[i] for i in picked.tolist()]
-            with torch.no_grad():
+            with torch.no_grad(), amp():
                 out = next(generate_batches(teacher, tokenizer, prompts, ppo.max_new_tokens,
                                             len(prompts), generator=sample_gen))
             lengths = out.action_mask[:, out.prompt_len:].sum(-1).tolist()  # response + EOS
@@ -461,7 +468,9 @@ def sft_on_teacher(student_dir: str, teacher_dir: str, task, budget: int, seed: 
                     order = torch.randperm(len(data), generator=shuffle_gen)
                     for rows in order.split(ppo.minibatch_size):
                         inputs, targets = data.batch(rows.tolist())
-                        optimizer.backward(lm_loss(student, inputs, targets))
+                        with amp():
+                            loss = lm_loss(student, inputs.to(device), targets.to(device))
+                        optimizer.backward(loss)
                         optimizer.step()
                 student.eval()
             step += 1
@@ -501,16 +510,17 @@ def train_stages(task_name: str, args, size: dict, result: dict) -> dict:
                                            "command": result["command"]}
 
     keep("sft", counted_stage(train_sft.main, train_sft.Config, folders["sft"], "sft",
-                              task=task_name, **size["sft"]))
+                              task=task_name, device=args.device, **size["sft"]))
     small = dict(size["sft"], n_layer=args.small[0], n_head=args.small[1], n_embd=args.small[2])
     keep("sft_small", counted_stage(train_sft.main, train_sft.Config, folders["sft_small"], "sft",
-                                    task=task_name, **small))
+                                    task=task_name, device=args.device, **small))
     if spec["reward_model"]:
         keep("rm", counted_stage(train_rm.main, train_rm.Config, folders["rm"], "reward model",
-                                 sft_dir=folders["sft"], task=task_name, **size["rm"]))
+                                 sft_dir=folders["sft"], task=task_name, device=args.device,
+                                 **size["rm"]))
     teacher_options = dict(size["ppo"], **spec["teacher"], task=task_name, sft_dir=folders["sft"],
                            rm_dir=folders["rm"], eval_interval=args.eval_interval,
-                           eval_prompts=args.eval_prompts)
+                           eval_prompts=args.eval_prompts, device=args.device)
     if size["teacher_iters"]:
         teacher_options["max_iters"] = size["teacher_iters"]
     teacher_options = {k: v for k, v in teacher_options.items()
@@ -525,7 +535,8 @@ def ppo_options(task_name: str, method: str, args, size: dict, folders: dict, st
     """train_ppo.py's options of a method's (first) run."""
     spec = TASKS[task_name]
     base = dict(size["ppo"], task=task_name, seed=seed, eval_interval=args.eval_interval,
-                eval_prompts=args.eval_prompts, sft_dir=student_sft, max_iters=args.iters)
+                eval_prompts=args.eval_prompts, sft_dir=student_sft, max_iters=args.iters,
+                device=args.device)
     if method.startswith("distill"):
         base.update(algo="distill", teacher_dir=folders["teacher"])
         if method == "distill_token":
@@ -558,7 +569,7 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
         ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
         return sft_on_teacher(student_sft, folders["teacher"], get_task(task_name, seed=seed),
                               distilled["teacher_tokens"], seed, ppo, args.sft_lr, args.eval_prompts,
-                              args.eval_interval, out)
+                              args.eval_interval, out, pick_device(args.device))
     options = ppo_options(task_name, method, args, size, folders, student_sft, seed)
     if method != "distill_then_rl":
         counted = counted_train_ppo(out, **options)
@@ -734,6 +745,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--work", default=os.path.join(ROOT, "out", "bench_distill"))
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | mps, of every run and "
+                    "measure (the scripts' --device; their dtype at its default)")
     ap.add_argument("--rerun", action="store_true", help="run again what the JSON already has "
                     "(its folders are emptied first; the teachers and SFT policies are kept)")
     ap.add_argument("--summary_only", action="store_true", help="only print the table of the JSON")
@@ -773,6 +786,7 @@ def main(argv=None) -> dict:
         folders = train_stages(task_name, args, size, result)
         ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
         teacher, tokenizer, _ = load_policy(folders["teacher"], flag="teacher", frozen=True)
+        teacher.to(pick_device(args.device))
         task = get_task(task_name)
         if task_name not in result["teachers"] or args.rerun:
             result["teachers"][task_name] = dict(
