@@ -115,7 +115,7 @@ def test_online_dpo_runs_and_resumes_exactly_with_a_lagging_sampler(stages, tmp_
     (["--algo", "online_dpo", "--kl_estimator", "k3"], "KL to the reference is --dpo_beta"),
     (["--algo", "online_dpo", "--adaptive_kl", "false"], "KL to the reference is --dpo_beta"),
     (["--algo", "online_dpo", "--kl_horizon", "5"], "its KL is --dpo_beta"),
-    (["--algo", "dpo"], "--algo must be ppo, grpo, rloo, reinforce++ or online_dpo"),
+    (["--algo", "dpo"], "--algo must be ppo, grpo, rloo, reinforce++, online_dpo or distill"),
 ])
 def test_impossible_online_dpo_options_exit_2(tmp_path, capsys, argv, needle):
     line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"), *argv])

@@ -231,7 +231,7 @@ def test_stretches_of_a_stuck_run_are_counted_and_warned():
     second = 3 + S + 2 + 1 + S - 1 + 1 + 1
     assert counts["stuck"] == [[first, S + 2], [second, S]]
     assert report.update_lines(counts)[1] == (
-        f"warning: the run was stuck (no learning signal, its reward below its best) in "
+        f"warning: the run was stuck (no reward signal, its reward below its SFT level) in "
         f"{2 * S + 2} of {len(stuck)} iterations, from iteration {first}, {second} (see stuck "
         f"in metrics.jsonl)")
 
