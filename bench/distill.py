@@ -761,6 +761,7 @@ def main(argv=None) -> dict:
     result = results_file.load(args.results)
     if args.merge:
         result = merged(result, args.merge)
+        result["merged_from"] = sorted(set(result.get("merged_from", []) + args.merge))
         result["summary"] = summarise(result)
         results_file.save(args.results, result)
         table(result)
