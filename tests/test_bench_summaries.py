@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("passk.py", "passk.json", "--table", "@1"),
     ("user_games.py", "user_games_duel.json", "--summary_only", ""),
     ("passk_games.py", "passk_games_corridor.json", "--table", "@1024"),
+    ("distill.py", "distill.json", "--summary_only", "teacher: gold"),
 ])
 def test_a_summary_runs_on_the_committed_results(tmp_path, script, json_name, flag, expect):
     source = os.path.join(ROOT, "bench", "results", json_name)

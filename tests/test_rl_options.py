@@ -126,6 +126,20 @@ def test_the_script_refuses_an_unread_option_with_one_line(tmp_path, capsys):
     assert line.startswith("error: --lam 0.9 would be ignored: it is read only with --algo ppo"), line
 
 
+@pytest.mark.parametrize("reward,made_by", [("env", "--env ENV"),
+                                            ("teacher", "--algo distill --teacher_dir DIR")])
+def test_a_reward_only_a_method_sets_is_refused_without_it(tmp_path, capsys, reward, made_by):
+    """--reward env and --reward teacher are what --env and --algo distill resolve --reward
+    to: alone, env ended in a traceback (prompts, no environment) and teacher trained PPO on a
+    score of 0 for every response."""
+    line = conftest.exits_2(capsys, "train_ppo", ["--out_dir", str(tmp_path / "r"),
+                                                  "--reward", reward])
+    assert line == (f"error: --reward {reward} is set by {made_by}, not a reward of its own: "
+                    f"pass {made_by}, or --reward rm, task or FILE.py:FUNCTION"), line
+    assert checked(algo="distill", teacher_dir="out/ppo").reward == "teacher"  # resolved: fine
+    assert checked(env="guess", reward="env").reward == "env"
+
+
 def test_a_resumed_run_compares_only_the_options_it_reads():
     """Checkpoints saved a GRPO run's --critic resolved (separate with a reward model); it
     builds nothing for GRPO, so resuming one is not refused over it."""

@@ -240,7 +240,13 @@ def check_config(cfg) -> None:
         raise UserError(f"--grpo_norm must be grpo or dr, got {cfg.grpo_norm!r}")
     if cfg.critic not in ("auto", "separate", "shared"):
         raise UserError(f"--critic must be auto, separate or shared, got {cfg.critic!r}")
-    # the reward's source first: the auto options below depend on it (--env's rate)
+    # the reward's source first: the auto options below depend on it (--env's rate). env and
+    # teacher are what --env and --algo distill set --reward to, not rewards of their own: given
+    # alone, env met prompts and no environment, teacher scored every response 0
+    if cfg.reward == "env" and not cfg.env or cfg.reward == "teacher" and cfg.algo != "distill":
+        made_by = "--env ENV" if cfg.reward == "env" else "--algo distill --teacher_dir DIR"
+        raise UserError(f"--reward {cfg.reward} is set by {made_by}, not a reward of its own: "
+                        f"pass {made_by}, or --reward rm, task or FILE.py:FUNCTION")
     if cfg.algo == "distill":
         check_distill(cfg)
     if cfg.env:
