@@ -17,7 +17,8 @@ method, rate and seed `train_ppo.py --env FILE:CLASS --algo METHOD --max_new_tok
 Per run it records the held-out win rate at every eval (200 episodes, seeds 0..199; step 0 is
 the SFT policy), the final one, the largest `kl`, the iterations the run was `stuck` (no
 reward signal while below its SFT level: machinery/watch.py), the seconds, and the date and
-commit it ran at. A run has collapsed when its final held-out win rate is below its SFT policy's. Perfect play wins every
+commit it ran at. A run has collapsed when its final held-out win rate is below its SFT policy's;
+it dipped when one of its evals was (and came back when it dipped but did not end below). Perfect play wins every
 episode of both games (the optimum is 1.0); the target is a final win rate of at least 0.90
 in every run.
 
@@ -92,15 +93,23 @@ def run_rl(game: str, method: str, rate: float, seed: int, sft: str, out: str,
             "collapsed": evals[-1][1] < evals[0][1]}
 
 
+def dipped(run: dict) -> bool:
+    """Whether a run's held-out win rate fell below its SFT policy's at any eval."""
+    return any(win < run["sft_win"] for _, win in run["evals"][1:])
+
+
 def summary(result: dict) -> dict:
-    """Per method and rate: the final win rate of each seed, their least, and whether every
-    seed met the target and none collapsed."""
+    """Per method and rate: the final win rate of each seed, their least, whether every seed
+    met the target and none collapsed (ended below its SFT policy); how many runs dipped below
+    their SFT policy at some eval, and how many of those came back (ended at or above it)."""
     rows = {}
     for key, run in sorted(result["runs"].items()):
         row = key.rsplit("/", 1)[0]
         rows.setdefault(row, []).append(run)
     return {row: {"wins": [r["win"] for r in runs], "least": min(r["win"] for r in runs),
                   "sft_win": runs[0]["sft_win"], "collapsed": sum(r["collapsed"] for r in runs),
+                  "dipped": sum(dipped(r) for r in runs),
+                  "came_back": sum(dipped(r) and not r["collapsed"] for r in runs),
                   "stuck_iterations": [r["stuck_iterations"] for r in runs],
                   "met": all(r["win"] >= TARGET for r in runs) and not any(r["collapsed"] for r in runs)}
             for row, runs in rows.items()}
@@ -145,7 +154,8 @@ def main():
     results_file.save(path, result)
     for row, s in result["summary"].items():
         print(f"{args.game} {row:24s} SFT {s['sft_win']:.3f} -> wins {s['wins']} least "
-              f"{s['least']:.3f} collapsed {s['collapsed']} stuck {s['stuck_iterations']}"
+              f"{s['least']:.3f} collapsed {s['collapsed']} dipped {s['dipped']} came back "
+              f"{s['came_back']} stuck {s['stuck_iterations']}"
               f"{'  target met' if s['met'] else ''}")
 
 
