@@ -91,6 +91,33 @@ def test_families_same_tokens_as_the_eager_loop(name):
                     eos_token_id=eos, pad_token_id=0, score=score)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen3_tiny"])
+def test_under_bf16_autocast_the_differences_are_bf16s_rounding(name, tiny_gpt):
+    """Under bf16 autocast (the GPU's default; on a CPU it stands in for it) the step runs in
+    the cache's dtype (Qwen3's normed keys come out float32 and are stored as bf16, as
+    KVCache stores them), and the masked buffer moves attention's bf16 rounding: each
+    log-prob moves by up to ~0.02 nats here, so a later draw can differ. Compared up to the
+    first column where the two loops' tokens part (the first token comes from the same
+    prompt pass: never)."""
+    model = tiny_gpt if name == "gpt2" else GPT.from_pretrained(str(FIXTURES / name))
+    eos = 1 if name == "gpt2" else model.config.vocab_size - 1
+    ids, mask = prompts(model.config.vocab_size, eos)
+    for seed in range(3):
+        outs = []
+        for loop in (None, DecodeGraphs()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                outs.append(generate(model, ids, mask, max_new_tokens=16, eos_token_id=eos,
+                                     pad_token_id=0, score=True, loop=loop,
+                                     generator=torch.Generator().manual_seed(seed)))
+        eager, fixed = outs
+        width = min(eager.responses.size(1), fixed.responses.size(1))
+        parted = (eager.responses[:, :width] != fixed.responses[:, :width]).any(0).tolist()
+        same = parted.index(True) if True in parted else width
+        assert same >= 1
+        torch.testing.assert_close(fixed.logprobs[:, :same], eager.logprobs[:, :same], rtol=0,
+                                   atol=0.05)
+
+
 def test_buffers_serve_batches_of_other_widths():
     """One loop, several calls: prompts of other widths in the same length bucket reuse the
     buffers (the earlier batch's keys in its columns are masked), a longer total gets a bucket
@@ -181,3 +208,119 @@ def test_what_makes_a_captured_graph_stale():
     frozen_reads = what_a_graph_reads(frozen)
     hold_frozen_in(frozen, torch.bfloat16)
     assert what_a_graph_reads(frozen) != frozen_reads
+
+
+# ----------------------------------------------------------------------------- on CUDA
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def cuda_sample(model, loop, ids, mask, amp, seed=0, **kw):
+    """generate on CUDA (bf16 autocast if `amp`, as PPO samples) from a seeded CUDA
+    generator, with scores: (output, the generator's state after)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        out = generate(model, ids, mask, max_new_tokens=kw.pop("max_new_tokens", 40),
+                       generator=g, score=True, loop=loop, **kw)
+    return out, g.get_state()
+
+
+def same_on_cuda(a, b, exact=True):
+    """Tokens and masks equal; scores bit for bit (`exact`: the same kernels), else to 1e-5."""
+    assert torch.equal(a.sequences, b.sequences), (a.sequences, b.sequences)
+    assert torch.equal(a.action_mask, b.action_mask)
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=0, atol=SCORES_ATOL)
+    for name in ("logprobs", "entropy", "hidden"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), **tol)
+
+
+def cuda_prompts(vocab, eos):
+    ids, mask = prompts(vocab, eos)
+    return ids.cuda(), mask.cuda()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["gpt2", "qwen3_tiny"])
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bf16"])
+def test_graph_replays_are_the_eager_steps_on_cuda(name, amp):
+    """A captured step replays what the same step run eagerly computes, bit for bit, from the
+    same generator, which ends where the eager run left it; one capture serves a second call.
+    In float32 the tokens are also sampling.py's (its scores to 1e-5)."""
+    torch.manual_seed(0)
+    model = (GPT(GPTConfig(vocab_size=97, block_size=128, n_layer=2, n_head=4, n_embd=64))
+             if name == "gpt2" else GPT.from_pretrained(str(FIXTURES / name))).cuda().eval()
+    eos = model.config.vocab_size - 1
+    ids, mask = cuda_prompts(model.config.vocab_size, eos)
+    kw = dict(eos_token_id=eos, pad_token_id=0, top_k=None)
+    graphs = DecodeGraphs()
+    first, state_first = cuda_sample(model, graphs, ids, mask, amp, **kw)   # captures
+    again, state_again = cuda_sample(model, graphs, ids, mask, amp, **kw)   # replays only
+    eager, state_eager = cuda_sample(model, DecodeGraphs(capture=False), ids, mask, amp, **kw)
+    assert len(graphs.captures) == 1, graphs.captures
+    same_on_cuda(first, eager)
+    same_on_cuda(again, eager)
+    assert torch.equal(state_first, state_eager) and torch.equal(state_again, state_eager)
+    if not amp:
+        same_on_cuda(eager, cuda_sample(model, None, ids, mask, amp, **kw)[0], exact=False)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+def test_a_graph_captured_before_updates_samples_the_weights_after(lora):
+    """Captured once, then: an optimizer step (weights updated in place), a lagging sampler's
+    swap of older weights in and out (in place), LoRA's adapters off (the reference's
+    policy), and casts of frozen weights to bf16 (new tensors: LoRA's base in the actor, a
+    frozen copy as the reference is held): each call equals the eager step of the weights it
+    should read; only a switch of the adapters or a cast captures again."""
+    from mingpt_rlhf.lab.offpolicy import SamplerQueue
+    from mingpt_rlhf.machinery.lora import adapters_disabled, add_lora
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in
+    from mingpt_rlhf.optim import Optimizer
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=97, block_size=128, n_layer=2, n_head=4, n_embd=64)).cuda()
+    if lora:
+        add_lora(model, lora, 8.0)
+        for m in model.modules():  # adapters that already act, so that switching them off shows
+            if hasattr(m, "lora_B"):
+                torch.nn.init.normal_(m.lora_B, std=0.5)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = Optimizer([{"params": params, "lr": 0.05, "weight_decay": 0.0}], torch.bfloat16,
+                    torch.device("cuda"))
+    ids, mask = cuda_prompts(97, eos=96)
+    kw = dict(eos_token_id=96, pad_token_id=0)
+    graphs, eager = DecodeGraphs(), DecodeGraphs(capture=False)
+
+    def check(captures, sampler=model):
+        a, _ = cuda_sample(sampler, graphs, ids, mask, True, **kw)
+        b, _ = cuda_sample(sampler, eager, ids, mask, True, **kw)
+        same_on_cuda(a, b)
+        assert len(graphs.captures) == captures, graphs.captures
+        return a
+    before = check(1)
+    old = [p.detach().clone() for p in params]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(ids, mask).float().logsumexp(-1).mean()
+    opt.backward(loss)
+    opt.step()
+    after = check(1)
+    assert not torch.equal(after.sequences, before.sequences)  # the step changed the samples
+    queue = SamplerQueue(1)
+    queue.push(old)
+    with queue.sampling(model, for_update=True):
+        swapped = check(1)
+    same_on_cuda(swapped, before)  # the old weights' samples again
+    assert torch.equal(check(1).sequences, after.sequences)  # and swapped back out
+    n = 1
+    if lora:
+        with adapters_disabled(model):
+            assert not torch.equal(check(2).sequences, after.sequences)
+        check(3)  # adapters on again: what the graph reads changed back, captured again
+        hold_frozen_in(model, torch.bfloat16)  # the frozen base cast, as train_ppo.py holds it
+        check(4)
+        n = 4
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    check(n + 1, frozen)  # a model of its own: its own graph
+    hold_frozen_in(frozen, torch.bfloat16)
+    check(n + 2, frozen)
+    print(f"\ncaptures: {graphs.captures}")

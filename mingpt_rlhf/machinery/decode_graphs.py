@@ -31,7 +31,10 @@ The same tokens as sampling.py's loop: the prompt pass is the same, and so is ev
 arithmetic, except that attention sums over the longer, masked buffer: the masked columns add
 exact zeros, but the sums are blocked differently, so a logit may move in its last bits
 (~1e-6 in float32). A draw that falls within that of the boundary between two tokens, or two
-greedy logits that close, can then go the other way. The random numbers are those
+greedy logits that close, can then go the other way. Under bf16 autocast the same difference
+is one of bf16's rounding steps inside attention, and a log-prob moves by ~1e-2 (the tests'
+tiny models), so draws part more often; PPO does not reuse a bf16 sampler's log-probs anyway
+(the actor is scored in a pass of its own, ppo_trainer.py). The random numbers are those
 sampling.py draws, one `draw` per token from the caller's generator (on a GPU, a generator
 the graph owns, set from the caller's before and copied back after); the steps past the last
 EOS draw a few more, so the caller's generator ends elsewhere than after sampling.py's loop.
@@ -65,7 +68,9 @@ class FixedKVCache(KVCache):
         if self.column is None:
             return super().update(layer, kv)
         layer_kv = self.kv[layer]
-        layer_kv.index_copy_(3, self.column, kv)  # kv: (2, B, nkv, 1, hs) into its column
+        # kv: (2, B, nkv, 1, hs) into its column, in the cache's dtype as KVCache stores it
+        # (under autocast Qwen3's normed keys come out float32, the values bf16)
+        layer_kv.index_copy_(3, self.column, kv.to(layer_kv.dtype))
         return layer_kv
 
 
