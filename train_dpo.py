@@ -38,12 +38,11 @@ from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
 from mingpt_rlhf.machinery.lora import (TARGETS_HELP, adapters_disabled, add_lora, check_lora_options,
                                         parse_targets)
-from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.optim import Optimizer, lr_at
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog
-from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                           seed_everything)
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device, prepare_out_dir,
+                                           require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
 
 

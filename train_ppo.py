@@ -49,9 +49,10 @@ from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
 from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
-from mingpt_rlhf.machinery.runtime import (autocast, check_tf32_output_layer, hold_frozen_in, lr_at,
+from mingpt_rlhf.machinery.runtime import (autocast_of, check_tf32_output_layer, hold_frozen_in,
                                            output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
+from mingpt_rlhf.optim import lr_at
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.machinery.watch import RunWatch, largest_logratio
 
@@ -540,7 +541,7 @@ def reward_of(cfg: Config, rm, task, tokenizer, rows: int, device, dtype):
     """Where the RL reward comes from (rewards.py): the reward model's normalised score at
     the last real token (an ensemble's combined, with --heldout_rm_dir also a held-out model's
     gap), the task's own check, a user's function, or the environment's steps."""
-    amp = functools.partial(autocast, device, dtype)  # the run's mixed precision, each call
+    amp = autocast_of(device, dtype)  # the run's mixed precision, each call
     if cfg.reward == "env":
         return EnvironmentReward()  # each step of the environment gives its reward
     if cfg.reward == "task":
@@ -775,7 +776,7 @@ def set_up(cfg: Config) -> Run:
               else FixedKLController(cfg.kl_coef))
     trainer = PPOTrainer(local, actor, ref, reward_fn, critic=critic, value_head=value_head,
                          eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, kl_ctl=kl_ctl,
-                         ptx_data=ptx_data, amp=functools.partial(autocast, device, dtype), dtype=dtype,
+                         ptx_data=ptx_data, amp=autocast_of(device, dtype), dtype=dtype,
                          episodes=EpisodeSource(env_class, env_name, tokenizer, cfg.max_turns,
                                                 cfg.mask_env) if cfg.env else None)
     # sampling needs a generator on the model's device; randperm / randint (minibatch order,

@@ -47,12 +47,11 @@ from mingpt_rlhf.lab.ensemble import warm_average, write_manifest
 from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
-from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.optim import Optimizer, lr_at
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
-from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, lr_at, pick_device,
-                                           prepare_out_dir, require_room_for_prompt, resolve_dtype,
-                                           seed_everything)
+from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device, prepare_out_dir,
+                                           require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.task_base import check_labeller_faults
 from mingpt_rlhf.tasks import gold_agreement, get_task
 from mingpt_rlhf.tokenizer import EOS, same_tokenizer

@@ -41,10 +41,10 @@ from mingpt_rlhf.evaluate import policy_report, sample_responses
 from mingpt_rlhf.logprobs import lm_loss
 from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
-from mingpt_rlhf.optim import Optimizer
+from mingpt_rlhf.optim import Optimizer, lr_at
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog
-from mingpt_rlhf.machinery.runtime import (autocast, check_tf32_output_layer, hold_frozen_in, lr_at,
+from mingpt_rlhf.machinery.runtime import (autocast, check_tf32_output_layer, hold_frozen_in,
                                            output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task

@@ -1,6 +1,7 @@
 """The reading path of one default PPO iteration: every function of the package and of
 train_ppo.py that one iteration of `python train_ppo.py` enters, and how many lines a reader
-reads to follow it.
+reads to follow it; and the path with its dispatch resolved: what PPOTrainer.__init__ chose for
+each hook, and which entry of each table the iteration called.
 
     python bench/reading_path.py                    # prints the table, writes the JSON below
     python bench/reading_path.py --json /tmp/p.json --work /tmp/rp   # elsewhere; keep the runs
@@ -34,8 +35,11 @@ whole source, decorators, docstring, comments and blank lines included (the bloc
 class at module level, nested classes included); a function nested in one (a closure, a
 lambda, a comprehension, a generator expression) is part of its parent's lines and is not
 counted again, and its lines that ran are its parent's. A lambda at module level (an entry of
-a table) counts its own lines. Each file visited adds its module docstring once. Class
-bodies (fields, class docstrings) are not counted: only code that runs is.
+a table) counts its own lines. Each file visited adds its module docstring once. A record
+built on the path (a dataclass or a NamedTuple of the package, whose `__init__` or `__new__`
+Python writes itself, so no line of ours runs) counts its class's lines outside its methods
+(decorators, docstring, fields), listed as "CLASS (fields)": a reader reads the fields to know
+what the record holds. Other class bodies are not counted: only code that runs is.
 
 The unrun lines. For each function, the statements of its body (nested functions' included)
 that never ran anywhere in the traced run (any phase), with their line numbers and text: a
@@ -101,6 +105,7 @@ class Tracer:
         self.phase = self.outside_eval
         self.lines: dict = {}    # code -> {line numbers that ran}
         self.phases: dict = {}   # code -> {phases it ran in}
+        self.built: dict = {}    # a record class of ours built on the path -> {phases}
         self._real: dict = {}    # co_filename -> whether it is traced
         self._codes: dict = {}   # code -> (its lines that can run, its local trace function) or None
 
@@ -148,7 +153,12 @@ class Tracer:
         known = self._codes.get(code, False)
         if known is False:
             known = self._codes[code] = self._new_code(code)
+            if known is None and code.co_filename == "<string>":  # a generated __init__ / __new__?
+                known = self._codes[code] = self._record_of(frame)
         if known is None:
+            return None
+        if isinstance(known, type):  # a record of ours, built: by which phase
+            self.built.setdefault(known, set()).add(self.phase)
             return None
         if code in self.eval_codes:
             self.eval_depth += 1
@@ -159,6 +169,20 @@ class Tracer:
             known[1] = None  # every line of it has run: no line events needed (a hot loop's speed)
             known[0] = None
         return known[1]
+
+    def _record_of(self, frame):
+        """The class of ours that a generated `__init__` (a dataclass's: `self`) or `__new__`
+        (a NamedTuple's: `_cls`) builds, or None."""
+        names = frame.f_code.co_varnames
+        if not names or names[0] not in ("self", "_cls"):
+            return None
+        obj = frame.f_locals.get(names[0])
+        cls = obj if names[0] == "_cls" else type(obj)
+        try:
+            path = os.path.realpath(inspect.getsourcefile(cls) or "")
+        except TypeError:
+            return None
+        return cls if path in self.files else None
 
     def __enter__(self):
         self._previous = sys.gettrace()
@@ -326,7 +350,7 @@ def report(tracer: Tracer) -> dict:
             f = max(holder, key=lambda f: f.start)
             groups.setdefault((path, f.start), (f, []))[1].append(code)
 
-    rows = []
+    rows = [record_row(cls, phases) for cls, phases in tracer.built.items()]
     for (path, _), (f, codes) in sorted(groups.items(), key=lambda kv: (relative(kv[0][0]), kv[0][1])):
         ran = set().union(*(tracer.lines.get(c, set()) for c in codes))
         phases = set().union(*(tracer.phases.get(c, set()) for c in codes))
@@ -366,6 +390,21 @@ def report(tracer: Tracer) -> dict:
             parts[part_of(name)] = parts.get(part_of(name), 0) + f["lines"]
         phases[phase]["parts"] = dict(sorted(parts.items()))
     return {"functions": rows, "phases": phases, "files": files}
+
+
+def record_row(cls, phases) -> dict:
+    """The row of a record class built on the path: its class's lines outside its methods
+    (which are counted as functions when they run)."""
+    path = inspect.getsourcefile(cls)
+    tree = ast.parse("".join(linecache.getlines(path)), path)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__
+                and n.lineno == inspect.getsourcelines(cls)[1] + len([d for d in n.decorator_list]))
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    methods = sum(m.end_lineno - min([m.lineno] + [d.lineno for d in m.decorator_list]) + 1
+                  for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return {"file": relative(path), "function": f"{cls.__qualname__} (fields)", "first_line": start,
+            "phase": next(p for p in PHASES if p in phases),
+            "lines": node.end_lineno - start + 1 - methods, "ran_lines": 0, "unrun_lines": []}
 
 
 # the recipe's chapters that one iteration calls but that are not PPO's: the GPT, the
@@ -467,10 +506,61 @@ def trace_default_iteration(sft_dir: str, rm_dir: str, out_dir: str) -> dict:
     main = train_ppo.main
     first, last = training_loop(main)
     cfg = train_ppo.Config(out_dir=out_dir, sft_dir=sft_dir, rm_dir=rm_dir, **PPO_SIZES)
-    with Tracer(package_files(), loop=(main.__code__, first, last),
-                eval_codes=eval_codes(train_ppo)) as tracer:
-        main(cfg)
-    return report(tracer)
+    trainers, init = [], train_ppo.PPOTrainer.__init__
+
+    def kept(self, *args, **kwargs):  # the run's trainer, to read the hooks it chose
+        init(self, *args, **kwargs)
+        trainers.append(self)
+    train_ppo.PPOTrainer.__init__ = kept
+    try:
+        with Tracer(package_files(), loop=(main.__code__, first, last),
+                    eval_codes=eval_codes(train_ppo)) as tracer:
+            main(cfg)
+    finally:
+        train_ppo.PPOTrainer.__init__ = init
+    result = report(tracer)
+    ran = {code for code, phases in tracer.phases.items() if "iteration" in phases}
+    result["dispatch"] = dispatch(ran, trainers[0])
+    return result
+
+
+# the trainer's hooks: what PPOTrainer.__init__ chooses once for the iteration to call
+HOOKS = ("collect", "rollout", "sample", "slices", "values_of", "value_loss_in_actor",
+         "critic_step", "against_sampler", "rollout_figures", "shape_scores", "rows_to_learn",
+         "queue")
+
+
+def dispatch(ran: set, trainer) -> dict:
+    """The path with its dispatch resolved: {"hooks": {hook: what PPOTrainer.__init__ put
+    there}, "tables": {"module.TABLE[key]": function}} for every entry of a module-level table
+    of the package (a dict, or a dict of tuples of functions), in the module that defines it,
+    whose code is in `ran` (the code objects the iteration ran)."""
+    import functools
+    import importlib
+    import re
+
+    def name_of(obj):
+        obj = obj.func if isinstance(obj, functools.partial) else obj
+        return getattr(obj, "__qualname__", type(obj).__qualname__)
+    hooks = {h: name_of(getattr(trainer, h)) for h in HOOKS if hasattr(trainer, h)}
+    tables = {}
+    for path in sorted(package_files()):
+        rel = relative(path)
+        if not rel.startswith("mingpt_rlhf/"):
+            continue
+        module = importlib.import_module(rel[:-3].replace("/", "."))
+        source = "".join(linecache.getlines(path))
+        for table_name, table in vars(module).items():
+            defined_here = re.search(rf"^{table_name}\s*[:=]", source, re.M)
+            if not (table_name.isupper() and isinstance(table, dict) and defined_here):
+                continue
+            for key, entry in table.items():
+                fns = [f for f in (entry if isinstance(entry, tuple) else (entry,)) if callable(f)]
+                # an entry of several functions (a pair) counts when all of them ran
+                if fns and all(getattr(f, "__code__", None) in ran for f in fns):
+                    tables[f"{rel[12:-3].replace('/', '.')}.{table_name}[{key!r}]"] = \
+                        [name_of(f) for f in fns]
+    return {"hooks": hooks, "tables": {k: ", ".join(v) for k, v in sorted(tables.items())}}
 
 
 def revision() -> str:
@@ -500,6 +590,13 @@ def print_table(result: dict, top: int = 12) -> None:
     print(f"\nThe biggest blocks of the iteration's path that did not run (lines of statements):")
     for (first, last, n, text), r in blocks[:top]:
         print(f"  {n:3d}  {r['file']}:{first}-{last} ({r['function']})  {text[:60]}")
+    if "dispatch" in result:
+        print("\nThe dispatch at the defaults: what PPOTrainer.__init__ chose for each hook, and the")
+        print("entry of each table the iteration called")
+        for hook, fn in result["dispatch"]["hooks"].items():
+            print(f"  trainer.{hook:22s} {fn}")
+        for table, fn in result["dispatch"]["tables"].items():
+            print(f"  {table:40s} {fn}")
     print("\nAlso read to follow the whole run (functions not on the iteration's path):")
     for phase in PHASES[1:]:
         p = phases[phase]

@@ -1,5 +1,6 @@
-"""The optimizer step every stage shares: AdamW, per-group learning rates on one schedule,
-gradient accumulation, clipping, and loss scaling for float16.
+"""The optimizer step every stage shares: AdamW, per-group learning rates on one schedule
+(`lr_at`: linear warm-up, then cosine or linear decay), gradient accumulation, clipping, and
+loss scaling for float16.
 
     opt = Optimizer(groups, dtype, device, grad_clip=1.0)
     opt.set_lr_scale(lr_at(step, max_iters, 1.0, warmup))   # each group: its peak lr x scale
@@ -11,6 +12,8 @@ Why each piece (groups, float16's scaler, torchrun's averaging, fused AdamW): do
 "The optimizer step".
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -90,3 +93,18 @@ class Optimizer:
         self.skipped = state.get("skipped", 0)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def lr_at(step: int, max_steps: int, peak: float, warmup: int = 0, decay: str = "cosine",
+          min_ratio: float = 0.0) -> float:
+    """Learning rate at `step` (0-based): warm-up to `peak`, then decay to `min_ratio * peak`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    if decay == "cosine":
+        scale = 0.5 * (1 + math.cos(math.pi * progress))
+    elif decay == "linear":
+        scale = 1 - progress
+    else:
+        scale = 1.0
+    return peak * (min_ratio + (1 - min_ratio) * scale)

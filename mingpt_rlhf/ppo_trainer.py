@@ -61,9 +61,10 @@ class CurrentWeights:
 
 
 def same_policy(learner, sampler, action_mask):
-    """(Correction, figures) where the sampler's log-probs are the learner's: the ratio
-    against the learner's own, no weight, nothing to measure (else `against_sampler`)."""
-    return Correction(learner, 1.0), {}
+    """((old log-probs, weights), figures) where the sampler's log-probs are the learner's:
+    the ratio against the learner's own, no weight, nothing to measure (else
+    `against_sampler`, whose off-policy corrections return a named Correction)."""
+    return (learner, 1.0), {}
 
 
 def resolve_auto_options(cfg):

@@ -1,42 +1,26 @@
 """Signs of reward hacking, from figures a run has without any gold reward, and an alarm.
 
 Against a learned reward the true reward rises, then falls (docs/overoptimization.md); a user
-has no gold to see the turn. What they have, every iteration (metrics.jsonl's training lines):
-
-    signal           from                 what it measures at iteration t (windows of W iterations)
-    disagreement     ens_std              the ensemble members' spread on the rollouts: the
-                                          last window's mean over the first window's, minus 1
-    heldout_gap      heldout_gap          the training reward model's score minus a held-out
-                                          one's on the same rollouts: last window's mean minus
-                                          the first window's
-    kl_accel         kl                   the KL's acceleration: with A, B, C the means of the
-                                          last three windows (oldest first), (C - B) - (B - A)
-    kl_level         kl                   the last window's mean KL (nats per response)
-    length_drift     resp_len             the last window's mean length over the first's, minus 1
-    entropy_trend    entropy              the least-squares slope of the entropy over the last
-                                          2 W iterations, over the first window's mean entropy
-                                          (a relative change per iteration; < 0: collapsing)
-
-The first two need an ensemble as the reward (`train_ppo.py --rm_dir` of train_rm.py
---ensemble K) and a held-out reward model (`--heldout_rm_dir`); the others are always there.
-A signal is None until the history holds three windows.
+has no gold to see the turn. What they have, every iteration (metrics.jsonl's training lines),
+becomes the signals of SIGNALS below, each over windows of W iterations: the ensemble's
+disagreement and a held-out reward model's gap (when the run has them: `train_ppo.py --rm_dir`
+of an ensemble, `--heldout_rm_dir`), the KL's acceleration and level, the drift of the length,
+the trend of the entropy. A signal is None until the history holds three windows.
 
 What they are worth was measured against the gold on bench/reward_hacking.py's PPO runs
 (docs/reward_hacking.md): none of them warns *before* the gold's peak without firing as often
-in runs that never overoptimize, because on the built-in task the gold collapses within a few
-iterations of its peak and the other signals move as much in healthy runs. So the rule
-(`warns`) is an alarm, not a forecast: it fires when the policy has run away from the
-reference, the KL's level past ALARM_KL nats per response, fitted on two seeds' runs of the
-study. Every signal is still logged, and `fired` names those past their THRESHOLDS (scales
-chosen by reasoning, not fitted) in the alarm's message.
+in runs that never overoptimize. So the rule (`warns`) is an alarm, not a forecast: it fires
+when the policy has run away from the reference, the KL's level past ALARM_KL nats per
+response, fitted on two seeds' runs of the study. Every signal is still logged, and `fired`
+names those past their THRESHOLDS (scales chosen by reasoning, not fitted) in the message.
 
-    from mingpt_rlhf.lab.hacking import HackingMonitor
     monitor = HackingMonitor(window=5)
     figures, message = monitor.update(stats)   # each iteration: signals + hacking_warning
 """
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -67,32 +51,62 @@ def _slope(values: list[float]) -> float:
     return num / sum((i - x_mean) ** 2 for i in range(n))
 
 
+class Windows(NamedTuple):
+    """The history's first window of W iterations and its last three, oldest first."""
+    first: list
+    a: list
+    b: list
+    c: list
+
+
+def _ratio_change(key: str):
+    """The signal: the last window's mean of `key` over the first's, minus 1."""
+    def signal(h: Windows):
+        start, last = _mean(h.first, key), _mean(h.c, key)
+        return last / start - 1 if start and last is not None else None
+    return signal
+
+
+def _difference(key: str):
+    """The signal: the last window's mean of `key` minus the first's."""
+    def signal(h: Windows):
+        start, last = _mean(h.first, key), _mean(h.c, key)
+        return None if start is None or last is None else last - start
+    return signal
+
+
+def _kl_accel(h: Windows):
+    """(C - B) - (B - A), with A, B, C the KL's means over the last three windows."""
+    kl = [_mean(rows, "kl") for rows in (h.a, h.b, h.c)]
+    return None if None in kl else (kl[2] - kl[1]) - (kl[1] - kl[0])
+
+
+def _entropy_trend(h: Windows):
+    """The least-squares slope of the entropy over the last two windows, over the first
+    window's mean entropy (a relative change per iteration; < 0: collapsing)."""
+    start, recent = _mean(h.first, "entropy"), [r.get("entropy") for r in h.b + h.c]
+    return _slope(recent) / start if start and None not in recent else None
+
+
+# signal -> its value from the Windows of the history, or None (its figure not logged)
+SIGNALS = {
+    "disagreement": _ratio_change("ens_std"),  # the ensemble members' spread on the rollouts
+    "heldout_gap": _difference("heldout_gap"),  # the training RM's score minus a held-out one's
+    "kl_accel": _kl_accel,
+    "kl_level": lambda h: _mean(h.c, "kl"),     # nats per response
+    "length_drift": _ratio_change("resp_len"),
+    "entropy_trend": _entropy_trend,
+}
+
+
 def signals(history: list[dict], window: int) -> dict:
-    """Each signal (module docstring) at the last row of `history` (dicts with kl, resp_len,
-    entropy, and where logged ens_std, heldout_gap); None where it cannot be computed yet or
-    its figure is not logged."""
+    """Each signal of SIGNALS at the last row of `history` (dicts with kl, resp_len, entropy,
+    and where logged ens_std, heldout_gap); None where it cannot be computed yet."""
     W = window
-    out = dict.fromkeys(THRESHOLDS)
     if len(history) < 3 * W:
-        return out
-    first, a, b, c = history[:W], history[-3 * W:-2 * W], history[-2 * W:-W], history[-W:]
-    if None not in (kl := [_mean(rows, "kl") for rows in (a, b, c)]):
-        out["kl_accel"] = (kl[2] - kl[1]) - (kl[1] - kl[0])
-        out["kl_level"] = kl[2]
-    length0, length = _mean(first, "resp_len"), _mean(c, "resp_len")
-    if length0 and length is not None:
-        out["length_drift"] = length / length0 - 1
-    entropy0 = _mean(first, "entropy")
-    recent = [r["entropy"] for r in history[-2 * W:] if r.get("entropy") is not None]
-    if entropy0 and len(recent) == 2 * W:
-        out["entropy_trend"] = _slope(recent) / entropy0
-    spread0, spread = _mean(first, "ens_std"), _mean(c, "ens_std")
-    if spread0 and spread is not None:
-        out["disagreement"] = spread / spread0 - 1
-    gap0, gap = _mean(first, "heldout_gap"), _mean(c, "heldout_gap")
-    if gap0 is not None and gap is not None:
-        out["heldout_gap"] = gap - gap0
-    return out
+        return dict.fromkeys(SIGNALS)
+    h = Windows(history[:W], history[-3 * W:-2 * W], history[-2 * W:-W], history[-W:])
+    return {name: signal(h) for name, signal in SIGNALS.items()}
 
 
 def fired(values: dict) -> list[str]:

@@ -16,12 +16,7 @@ number, and the ranks would disagree):
   fed to the KL controller and every logged mean (`mean_over_ranks`);
 - decisions: the early stop on approx-KL and skipping a non-finite step (`all_agree`): if one
   rank stopped while another stepped, the next all-reduce would wait forever.
-
-Why not `torch.nn.parallel.DistributedDataParallel`? DDP averages the gradients of a forward
-pass made through its wrapper. Ours take several routes (sampling, the output layer on
-response positions only, a value head beside the actor), so the averaging is one visible
-call in the optimizer step instead: the same arithmetic, without overlapping the
-communication with backward (which matters little at the sizes this library is for).
+Why not DistributedDataParallel, and what is measured: docs/distributed.md.
 """
 from __future__ import annotations
 
@@ -89,34 +84,38 @@ def shard(items: list, per_rank: int) -> list:
     return items[r * per_rank:(r + 1) * per_rank]
 
 
+# Each function below is one line in one process (the data are the whole batch's already);
+# what several processes do is the private function it calls under torchrun.
+
 def all_sum(x: torch.Tensor) -> torch.Tensor:
-    """The sum of `x` over all ranks (a new tensor on x's device; `x` itself on a single
-    process). nccl reduces GPU tensors only, so a CPU tensor makes the trip through the GPU."""
-    if not is_distributed():
-        return x
+    """The sum of `x` over all ranks (a new tensor on x's device; `x` itself in one process)."""
+    return _reduce(x, dist.ReduceOp.SUM) if is_distributed() else x
+
+
+def _reduce(x: torch.Tensor, op) -> torch.Tensor:
+    """`x` reduced over the ranks by `op`. nccl reduces GPU tensors only, so a CPU tensor
+    makes the trip through the GPU."""
     on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else x.device
     y = x.to(on, copy=True)
-    dist.all_reduce(y)
+    dist.all_reduce(y, op=op)
     return y.to(x.device)
 
 
 def mean_over_ranks(stats: dict) -> dict:
     """Each float of `stats` averaged over the ranks (their batches are the same size)."""
-    if not is_distributed():
-        return stats
+    return _mean_over_ranks(stats) if is_distributed() else stats
+
+
+def _mean_over_ranks(stats: dict) -> dict:
     keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)))
     values = all_sum(torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64))
     return {**stats, **{k: (v / world_size()).item() for k, v in zip(keys, values)}}
 
 
 def max_over_ranks(x: float) -> float:
-    """The largest of every rank's `x` (`x` itself on a single process)."""
-    if not is_distributed():
-        return x
-    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    y = torch.tensor([x], dtype=torch.float64, device=on)
-    dist.all_reduce(y, op=dist.ReduceOp.MAX)
-    return y.item()
+    """The largest of every rank's `x` (`x` itself in one process)."""
+    return _reduce(torch.tensor([x], dtype=torch.float64), dist.ReduceOp.MAX).item() \
+        if is_distributed() else x
 
 
 def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
@@ -129,24 +128,19 @@ def tokens_per_rank(mask: torch.Tensor) -> torch.Tensor:
     instead makes the average of their results sum(all) / count(all): the token mean of the
     whole batch (SFT's loss, PPO's token means, ptx)."""
     count = mask.sum()
-    if is_distributed():
-        count = all_sum(count) / world_size()
-    return count.clamp(min=1)
+    return (all_sum(count) / world_size() if is_distributed() else count).clamp(min=1)
 
 
 def token_share(mask: torch.Tensor) -> float:
     """The factor that turns this process's token mean into its part of the whole batch's
-    token mean: its token count / `tokens_per_rank` (1 in one process)."""
-    if not is_distributed():  # no count to take, and no host sync in the minibatch loop
-        return 1.0
-    return (mask.sum().clamp(min=1) / tokens_per_rank(mask)).item()
+    token mean: its token count / `tokens_per_rank` (1 in one process: no count to take, and
+    no host sync in the minibatch loop)."""
+    return (mask.sum().clamp(min=1) / tokens_per_rank(mask)).item() if is_distributed() else 1.0
 
 
 def all_agree(flag: bool) -> bool:
     """True on every rank if `flag` is true on any rank: one decision for all of them."""
-    if not is_distributed():
-        return flag
-    return bool(all_sum(torch.tensor([float(flag)])).item() > 0)
+    return bool(all_sum(torch.tensor([float(flag)])).item() > 0) if is_distributed() else flag
 
 
 def average_gradients(params: list[torch.Tensor], bucket: int = 2 ** 24) -> None:

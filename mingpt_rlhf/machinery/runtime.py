@@ -1,4 +1,4 @@
-"""What every training script sets up: device, precision, seeds, the LR schedule, out_dir.
+"""What every training script sets up: device, precision, seeds, out_dir.
 
 - `pick_device("auto")` takes CUDA, then Apple's MPS, then the CPU.
 - `autocast(device, dtype)`: mixed precision on CUDA (bf16 where the GPU supports it), plain
@@ -8,7 +8,6 @@
   Linear weights in the autocast dtype: half the memory, and exactly the numbers autocast
   would have computed from float32 copies, since it casts them to that dtype anyway. A LoRA
   base is held so too, with a float32 copy on the CPU for the merged checkpoint.
-- `lr_at(...)`: linear warm-up, then cosine or linear decay.
 - metrics.jsonl is written by `metrics.MetricsLog`.
 """
 from __future__ import annotations
@@ -55,10 +54,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def autocast(device: torch.device, dtype: torch.dtype):
+def autocast_of(device: torch.device, dtype: torch.dtype):
+    """The mixed-precision context as a function of no arguments, chosen once: nothing in
+    float32, torch's autocast to `dtype` otherwise (`amp()` opens one)."""
     if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type=device.type, dtype=dtype)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    return autocast_of(device, dtype)()
 
 
 def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype,
@@ -173,26 +178,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def lr_at(step: int, max_steps: int, peak: float, warmup: int = 0, decay: str = "cosine",
-          min_ratio: float = 0.0) -> float:
-    """Learning rate at `step` (0-based): warm-up to `peak`, then decay to `min_ratio * peak`."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
-    if decay == "cosine":
-        scale = 0.5 * (1 + math.cos(math.pi * progress))
-    elif decay == "linear":
-        scale = 1 - progress
-    else:
-        scale = 1.0
-    return peak * (min_ratio + (1 - min_ratio) * scale)
-
-
-def set_lr(optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 def prepare_out_dir(out_dir: str) -> None:

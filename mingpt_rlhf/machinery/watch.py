@@ -1,23 +1,14 @@
 """What the RL script says while a run goes: its warnings, and the reward-hacking signals.
 
-A run can go wrong in ways its progress bar does not show; each is said once, in one line that
-names the state and what to try, and the figures behind it are logged:
-
-- the first iteration's responses were mostly cut off at --max_new_tokens (the run then
-  learns from the missing-EOS penalty, not from the reward);
-- an iteration's update took no optimizer step (`minibatch_steps` 0; the cause is named);
-- the KL to the SFT policy stayed above twice --kl_target for a tenth of the run;
-- the run is stuck: for STUCK_AFTER iterations in a row no reward signal reached the policy
-  (every group's rewards tied, or it writes one answer: entropy under 0.01 nats) while its
-  reward stayed below its SFT policy's (the mean of its first SFT_ITERATIONS iterations, sampled
-  before the policy had moved far); or every group has tied since the first iteration, below the
-  most a response can earn (`stuck`, logged every iteration). A run that converged at or above
-  its SFT level is done, not stuck, however its batch reward wanders with the prompts drawn;
-- the adaptive KL coefficient reached its upper bound (ppo.AdaptiveKLController);
-- the reward-hacking warning (lab/hacking.py): its signals are logged every iteration;
-- `max_logratio` (`largest_logratio`), logged every iteration: how far the one token that
-  moved most has moved from the reference, over the whole vocabulary, which the KL figures
-  (means over the tokens the rollouts sampled) do not see.
+A run can go wrong in ways its progress bar does not show. Each warning of WARNINGS is one
+line that names the state and what to try (most are said once): most first responses cut off
+at --max_new_tokens; an update that took no optimizer step; the KL above twice --kl_target for
+a tenth of the run; the adaptive beta at its upper bound; a stuck run (`RunWatch.no_signal`:
+no reward signal for STUCK_AFTER iterations below the SFT policy's level, or tied since the
+first iteration below the most an episode can return). The figures behind them are logged, and
+so are the reward-hacking signals (lab/hacking.py) and `max_logratio` (`largest_logratio`):
+how far the one token that moved most has moved from the reference over the whole vocabulary,
+which the KL figures (means over sampled tokens) do not see.
 
     watch = RunWatch(cfg, best)   # best: the most a response or episode can earn, if known
     stats.update(watch.check(stats, step, kl_ctl))  # each iteration, before the line is logged
@@ -127,6 +118,25 @@ def bound_warning(stats: dict, step: int, kl_ctl) -> str:
             f"--actor_lr")
 
 
+# The run's warnings, checked every iteration by RunWatch.check: name -> (due(watch, stats,
+# step, kl_ctl), line(watch, stats, step, kl_ctl), said once). A line is built only when due.
+WARNINGS = {
+    "stuck": (lambda w, s, step, kl_ctl: s["stuck"] == STUCK_AFTER,
+              lambda w, s, step, kl_ctl: stuck_warning(
+                  s, step, None if w.tied_from_start else w.sft_level, w.best), False),
+    "beta at its bound": (lambda w, s, step, kl_ctl: kl_ctl.value >= kl_ctl.high,
+                          lambda w, s, step, kl_ctl: bound_warning(s, step, kl_ctl), True),
+    "idle update": (lambda w, s, step, kl_ctl: s["minibatch_steps"] == 0,
+                    lambda w, s, step, kl_ctl: idle_update_warning(s, step, w.cfg.target_kl), True),
+    "cut off": (lambda w, s, step, kl_ctl: step - 1 == w.first_step and not w.cfg.env
+                and w.cfg.penalize_missing_eos and s["eos_rate"] < 0.1,
+                lambda w, s, step, kl_ctl: cut_off_warning(s, w.cfg), True),
+    "kl": (lambda w, s, step, kl_ctl: w.kl_high == max(1, math.ceil(0.1 * w.cfg.max_iters))
+           and s["kl"] > 2 * w.cfg.kl_target,
+           lambda w, s, step, kl_ctl: kl_warning(s, w.cfg, w.kl_high, kl_ctl.value), False),
+}
+
+
 class RunWatch:
     """The warnings of one run (module docstring). `kl_high` (iterations whose KL passed twice
     the target) is saved with the checkpoint; `first_step` is this process's first iteration,
@@ -138,7 +148,7 @@ class RunWatch:
         self.cfg, self.best = cfg, best
         self.kl_high = 0
         self.first_step = 0
-        self.idle_warned = self.bound_warned = False  # each said once
+        self.said = set()  # the WARNINGS said once that have been said
         self.monitor = HackingMonitor(cfg.warning_window)
         self.scores = []  # every iteration's reward so far
         self.tied_from_start = True  # every group tied in every iteration so far
@@ -178,25 +188,14 @@ class RunWatch:
         """The figures to log with iteration `step` (the signals and hacking_warning); prints
         each warning whose time has come (on the main process). `kl_ctl`: the KL controller
         after the update (its beta for the KL warning, its bound)."""
-        cfg, beta = self.cfg, kl_ctl.value
         figures, message = self.monitor.update(stats, step)
-        lines = [message] if message else []
         figures["stuck"] = self.no_signal(stats)
-        if figures["stuck"] == STUCK_AFTER:
-            level = None if self.tied_from_start else self.sft_level
-            lines.append(stuck_warning(stats, step, level, self.best))
-        if kl_ctl.value >= kl_ctl.high and not self.bound_warned:
-            self.bound_warned = True
-            lines.append(bound_warning(stats, step, kl_ctl))
-        if stats["minibatch_steps"] == 0 and not self.idle_warned:
-            self.idle_warned = True
-            lines.append(idle_update_warning(stats, step, cfg.target_kl))
-        if step - 1 == self.first_step and not cfg.env and cfg.penalize_missing_eos \
-                and stats["eos_rate"] < 0.1:
-            lines.append(cut_off_warning(stats, cfg))
-        self.kl_high += stats["kl"] > 2 * cfg.kl_target
-        if self.kl_high == max(1, math.ceil(0.1 * cfg.max_iters)) and stats["kl"] > 2 * cfg.kl_target:
-            lines.append(kl_warning(stats, cfg, self.kl_high, beta))
+        self.kl_high += stats["kl"] > 2 * self.cfg.kl_target
+        stats, lines = {**stats, **figures}, [message] if message else []
+        for name, (due, line, once) in WARNINGS.items():
+            if due(self, stats, step, kl_ctl) and name not in self.said:
+                self.said |= {name} if once else set()
+                lines.append(line(self, stats, step, kl_ctl))
         if is_main():
             for line in lines:
                 tqdm.write(line)
