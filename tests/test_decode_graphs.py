@@ -176,10 +176,10 @@ def test_what_makes_a_captured_graph_stale():
     """A replay reads the weights where they were at capture. In-place writes (an optimizer
     step, a lagging sampler's swap) keep `what_a_graph_reads` (no capture again: the replay
     reads the new values); a cast to another tensor (hold_frozen_in), switching LoRA's
-    adapters off, or the float32 matmul precision change it (a capture again)."""
+    adapters off, or TF32's switch change it (a capture again)."""
     from mingpt_rlhf.lab.offpolicy import SamplerQueue
     from mingpt_rlhf.machinery.lora import adapters_disabled, add_lora
-    from mingpt_rlhf.machinery.runtime import hold_frozen_in
+    from mingpt_rlhf.machinery.runtime import hold_frozen_in, tf32_matmuls
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=17, block_size=32, n_layer=1, n_head=2, n_embd=16))
     add_lora(model, 2, 4.0)
@@ -198,12 +198,8 @@ def test_what_makes_a_captured_graph_stale():
     with adapters_disabled(model):
         assert what_a_graph_reads(model) != reads
     assert what_a_graph_reads(model) == reads
-    before = torch.get_float32_matmul_precision()  # the process-wide TF32 switch
-    try:
-        torch.set_float32_matmul_precision("high" if before == "highest" else "highest")
+    with tf32_matmuls():  # the process-wide switch of CUDA's float32 matmuls
         assert what_a_graph_reads(model) != reads
-    finally:
-        torch.set_float32_matmul_precision(before)
     frozen = copy.deepcopy(model)
     frozen_reads = what_a_graph_reads(frozen)
     hold_frozen_in(frozen, torch.bfloat16)

@@ -52,6 +52,7 @@ from ..logprobs import tempered_logprobs
 from ..model import KVCache, position_ids_from_mask, rotary_tables
 from ..sampling import _sample, next_token_logits, sample_next
 from .lora import LoRALinear
+from .runtime import cuda_matmul_switch
 
 CHECK_EVERY = 8  # tokens between two checks that every row has ended (one host sync each)
 BUCKET = 64      # buffer lengths are multiples of this: one graph serves prompts of many widths
@@ -77,12 +78,12 @@ class FixedKVCache(KVCache):
 def what_a_graph_reads(model) -> tuple:
     """What a captured step depends on beyond its own buffers: where each weight lives and in
     what dtype and layout, which LoRA adapters are on, the output layer's function (runtime's
-    TF32 one replaces it), autocast and the float32 matmul precision."""
+    TF32 one replaces it), autocast and the switch of CUDA's float32 matmuls (TF32 or not)."""
     return (tuple((p.data_ptr(), p.dtype, p.shape, p.stride()) for p in model.parameters()),
             tuple(m.enabled for m in model.modules() if isinstance(m, LoRALinear)),
             getattr(model.logits, "__func__", model.logits),
             torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-            torch.get_float32_matmul_precision())
+            cuda_matmul_switch()[2])
 
 
 def autocast_without_cache():

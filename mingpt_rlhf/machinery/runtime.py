@@ -132,15 +132,25 @@ def tf32_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return logits[..., :model.config.vocab_size]
 
 
+def cuda_matmul_switch() -> tuple[str, object, object]:
+    """(name, value meaning TF32, value now) of torch's switch for CUDA's float32 matmuls: its
+    new form (`fp32_precision`, torch 2.9+), else the legacy `allow_tf32`. Never the other form
+    on a torch that has the new one: reading a legacy form after a script set the new one (or
+    the other way) is an error there, and the new form reads right after either."""
+    switch = torch.backends.cuda.matmul
+    name, on = ("fp32_precision", "tf32") if hasattr(switch, "fp32_precision") else ("allow_tf32", True)
+    return name, on, getattr(switch, name)
+
+
 @contextlib.contextmanager
-def float32_matmuls_in(precision: str):
-    """torch's float32 matmul precision ("high": TF32 on CUDA) inside the block only."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
+def tf32_matmuls():
+    """CUDA's float32 matmuls in TF32 inside the block only; the switch as it was after."""
+    name, on, before = cuda_matmul_switch()
+    setattr(torch.backends.cuda.matmul, name, on)
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        setattr(torch.backends.cuda.matmul, name, before)
 
 
 class TF32Product(torch.autograd.Function):
@@ -150,14 +160,14 @@ class TF32Product(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight):
         ctx.save_for_backward(hidden, weight)
-        with float32_matmuls_in("high"):
+        with tf32_matmuls():
             return torch.nn.functional.linear(hidden, weight)
 
     @staticmethod
     def backward(ctx, grad):
         hidden, weight = ctx.saved_tensors
         grad_hidden = grad_weight = None
-        with float32_matmuls_in("high"):
+        with tf32_matmuls():
             if ctx.needs_input_grad[0]:
                 grad_hidden = grad @ weight                                         # (..., C)
             if ctx.needs_input_grad[1]:
