@@ -49,7 +49,8 @@ from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
 from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
-from mingpt_rlhf.machinery.runtime import (autocast_of, hold_frozen_in, pick_device, prepare_out_dir,
+from mingpt_rlhf.machinery.runtime import (autocast_of, check_tf32_output_layer, hold_frozen_in,
+                                           output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.optim import lr_at
 from mingpt_rlhf.tasks import get_task
@@ -360,8 +361,19 @@ class Config:
     grad_checkpoint: bool = opt(False, "recompute each block in backward: less memory, ~30%% more compute",
                                 group=MACHINERY)
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
-                               "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
-                               "(docs/speed.md); meant for GPUs", group=MACHINERY)
+                               "(not sampling, see --decode_graphs): on a 2-core CPU ~50 s to "
+                               "compile and no faster (docs/speed.md); meant for GPUs",
+                        group=MACHINERY)
+    decode_graphs: bool = opt(True, "on CUDA, sample with a decoding step of fixed shapes, "
+                                    "captured as a CUDA graph once per batch size and length and "
+                                    "replayed for each token (mingpt_rlhf/machinery/"
+                                    "decode_graphs.py; sampling.py's tokens, to rounding); false: "
+                                    "sampling.py's eager loop. Not used on a CPU or MPS; "
+                                    "independent of --compile", group=MACHINERY)
+    tf32_output_layer: bool = opt(False, "CUDA only: the float32 output layer's products "
+                                         "(forward and backward) on TF32 tensor cores, ~0.003 "
+                                         "nats of error in a log-prob (bench/tf32_logprobs.py); "
+                                         "every other product as it was", group=MACHINERY)
     generate_batch_size: int = opt(0, "prompts sampled at once per process (0 = its whole share "
                                       "of the rollout batch); "
                                       "fewer hold a smaller KV cache, the largest tensor of the rollout",
@@ -388,7 +400,8 @@ class Config:
 # run line says so); else they stay.
 RESUME_FREE = ("out_dir", "resume", "max_iters", "eval_interval", "eval_prompts",
                "record_rollouts", "warning_window", "heldout_rm_dir", "device", "dtype",
-               "compile", "grad_checkpoint", "generate_batch_size", "score_batch_size",
+               "compile", "decode_graphs", "tf32_output_layer", "grad_checkpoint",
+               "generate_batch_size", "score_batch_size",
                "learn_batch_size", "sft_dir", "rm_dir", "init_from", "prompts",
                "eval_prompts_file", "ptx_data")
 RESUME_LR = ("actor_lr", "critic_lr")
@@ -444,6 +457,10 @@ def load_models(cfg: Config, device, dtype):
         actor.compile_blocks()
         if critic is not None:
             critic.gpt.compile_blocks()
+    if cfg.tf32_output_layer:  # where log-probs are taken: the policy and its reference
+        for model in (actor, ref):
+            if model is not None:
+                output_layer_in_tf32(model)
     # frozen weights (reference, reward model, LoRA bases) in the autocast dtype: less memory,
     # the same numbers (runtime.hold_frozen_in)
     for model in (actor, ref, rm, critic):
@@ -704,6 +721,7 @@ def set_up(cfg: Config) -> Run:
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world, rank = world_size(), process_rank()
     dtype = resolve_dtype(cfg.dtype, device)
+    check_tf32_output_layer(cfg.tf32_output_layer, device)
     if (cfg.tis_cap or cfg.offpolicy not in ("auto", "none")) and dtype == torch.float32 \
             and not cfg.sampler_lag:
         raise UserError("--tis_cap and --offpolicy correct a sampler whose log-probs differ from "

@@ -44,7 +44,8 @@ from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer, lr_at
 from mingpt_rlhf.machinery.plot import picture_of_run
 from mingpt_rlhf.machinery.metrics import MetricsLog
-from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device, prepare_out_dir,
+from mingpt_rlhf.machinery.runtime import (autocast, check_tf32_output_layer, hold_frozen_in,
+                                           output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.tokenizer import WordTokenizer, tokenizer_from_state
@@ -99,6 +100,10 @@ class Config:
     compile: bool = opt(False, "torch.compile the model's blocks for training and scoring passes "
                                "(not sampling): on a 2-core CPU ~50 s to compile and no faster "
                                "(docs/speed.md); meant for GPUs", group=MACHINERY)
+    tf32_output_layer: bool = opt(False, "CUDA only: the float32 output layer's products "
+                                         "(forward and backward) on TF32 tensor cores, ~0.003 "
+                                         "nats of error in a log-prob (bench/tf32_logprobs.py); "
+                                         "every other product as it was", group=MACHINERY)
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
 
 
@@ -166,6 +171,7 @@ def main(cfg: Config) -> dict:
     device = setup(pick_device(cfg.device))  # joins the other processes under torchrun
     world = world_size()
     dtype = resolve_dtype(cfg.dtype, device)
+    check_tf32_output_layer(cfg.tf32_output_layer, device)
     ctx = autocast(device, dtype)
     seed_everything(cfg.seed)
     prepare_out_dir(cfg.out_dir)
@@ -197,6 +203,8 @@ def main(cfg: Config) -> dict:
     if cfg.compile:
         model.compile_blocks()
     hold_frozen_in(model.to(device), dtype)  # a LoRA base in the autocast dtype
+    if cfg.tf32_output_layer:
+        output_layer_in_tf32(model)
     if resumed:  # into the model as the first run held it when it saved
         load_resume_state(model, resumed["resume"], ckpt_path)
     block_size = model.config.block_size

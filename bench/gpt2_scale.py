@@ -43,13 +43,18 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"small": dict(n_layer=12, n_head=12, n_embd=768),
-          "medium": dict(n_layer=24, n_head=16, n_embd=1024)}
+          "medium": dict(n_layer=24, n_head=16, n_embd=1024),
+          # Qwen3-0.6B's shape in Qwen3's layout (bench/vs_peers.py writes it), and a tiny one
+          "qwen3": dict(family="qwen3", size="qwen3"),
+          "qwen3_tiny": dict(family="qwen3", size="qwen3_tiny")}
 # prompt tokens, response tokens, PPO rollouts / minibatch / epochs, SFT and RM batch
 BATCHES = {
     "cpu": dict(prompt=64, new=32, rollouts=8, minibatch=4, epochs=1, sft_batch=8, rm_batch=8),
     "recipe": dict(prompt=256, new=64, rollouts=32, minibatch=8, epochs=1, sft_batch=16, rm_batch=16),
     # a GPU's fuller batch (bench/gpu_once.py): 64 x 320 tokens per SFT step
     "gpu": dict(prompt=256, new=64, rollouts=64, minibatch=16, epochs=1, sft_batch=64, rm_batch=32),
+    # a dry run's (bench/gpu_once.py --tiny)
+    "tiny": dict(prompt=16, new=8, rollouts=8, minibatch=4, epochs=1, sft_batch=4, rm_batch=4),
 }
 
 
@@ -84,13 +89,23 @@ def texts_of_length(tok, n_tokens: int, count: int, seed: int) -> list[str]:
     return out
 
 
+def qwen3_shape(shape: str) -> dict:
+    """vs_peers's dict of a Qwen3 shape of SHAPES (layers, widths, heads, vocabulary)."""
+    import vs_peers
+    return vs_peers.QWEN3 if SHAPES[shape]["size"] == "qwen3" else vs_peers.QWEN3_TINY
+
+
 def prepare(folder: str, shape: str, batch: str) -> None:
-    """The GPT-2-shaped checkpoint, tokenizer files and JSONL data in `folder` (once)."""
+    """The checkpoint (GPT-2's layout, or a Qwen3 folder), tokenizer files and JSONL data in
+    `folder` (once)."""
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from bench_pretrained import write_gpt2_checkpoint
     from mingpt_rlhf.machinery.bpe import BPETokenizer
-    if not os.path.exists(os.path.join(folder, "model.safetensors")):
+    if SHAPES[shape].get("family") == "qwen3":
+        import vs_peers  # its folder: config.json, random weights, a BPE of Qwen3's size
+        vs_peers.write_qwen3_fixture(folder, qwen3_shape(shape), n_prompts=4)
+    elif not os.path.exists(os.path.join(folder, "model.safetensors")):
         os.makedirs(folder, exist_ok=True)
         s = SHAPES[shape]
         write_gpt2_checkpoint(os.path.join(folder, "model.safetensors.part"), s["n_layer"],
@@ -166,12 +181,12 @@ def write_rm_checkpoint(folder: str, rm_dir: str) -> None:
 
 
 def worker(spec: dict) -> dict:
-    """One measurement, in this (fresh) process, on the code in spec["code"]. PPO: the last of
+    """One measurement, in this process, on the code in spec["code"]. PPO: the last of
     spec["iters"] iterations (default 1); SFT, RM: the mean of steps 2 ... spec["steps"] - 1
-    (default 3 steps, so the second alone)."""
+    (default 3 steps, so the second alone). Run in a fresh process (`run_worker`), or several
+    in one (bench/gpu_once.py): the methods it wraps to measure are restored after each."""
     sys.path.insert(0, spec["code"])
     import torch
-    import train_ppo
     import train_rm
     import train_sft
     if spec["threads"]:
@@ -183,10 +198,28 @@ def worker(spec: dict) -> dict:
     out_dir = tempfile.mkdtemp(prefix="gpt2_scale_")
     common = dict(out_dir=out_dir, device=spec["device"], **spec["options"])
 
+    from mingpt_rlhf.ppo_trainer import PPOTrainer
+    patched = [(PPOTrainer, name, getattr(PPOTrainer, name)) for name in ("step", "make_experience", "learn")]
+    patched += [(m, "lr_at", m.lr_at) for m in (train_sft, train_rm)]
+    try:
+        return _measure(spec, b, data, meter, result, out_dir, common, folder)
+    finally:  # a caller that runs several workers in one process gets the classes back
+        for owner, name, real in patched:
+            setattr(owner, name, real)
+        import shutil
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _measure(spec, b, data, meter, result, out_dir, common, folder) -> dict:
+    import train_ppo
+    import train_rm
+    import train_sft
     if spec["stage"] == "ppo":
         from mingpt_rlhf.ppo_trainer import PPOTrainer
-        rm_dir = os.path.join(out_dir, "rm")
-        write_rm_checkpoint(folder, rm_dir)
+        # the reward model: written once per folder when the caller names where (spec["rm_dir"])
+        rm_dir = spec.get("rm_dir") or os.path.join(out_dir, "rm")
+        if not os.path.exists(os.path.join(rm_dir, "ckpt.pt")):
+            write_rm_checkpoint(folder, rm_dir)
         real_step, in_step = PPOTrainer.step, []
 
         def measured_step(self, *args, **kwargs):
@@ -198,6 +231,10 @@ def worker(spec: dict) -> dict:
                           peak_mb=max(result["peak_experience_mb"], result["peak_learn_mb"]),
                           **{k: stats[k] for k in ("t_generate", "t_score", "t_learn")},
                           finite=all(math.isfinite(v) for v in stats.values() if isinstance(v, float)))
+            loop = getattr(self.generate, "keywords", {}).get("loop")  # --decode_graphs, on CUDA
+            if loop is not None:
+                result.update(decode_captures=len(loop.captures),
+                              decode_capture_s=sum(c["seconds"] for c in loop.captures))
             in_step.clear()
             return out
 
@@ -267,8 +304,6 @@ def worker(spec: dict) -> dict:
                       peak_mb=marks[steps - 1][1])
         if spec.get("profile"):
             result["profile"] = profile_summary(profiler, steps - 3, spec["profile"])
-    import shutil
-    shutil.rmtree(out_dir, ignore_errors=True)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
 
 
@@ -295,6 +330,7 @@ def profile_summary(profiler, n_steps: int, path: str) -> dict:
                  reverse=True)[:12]
     return {"steps": n_steps, "device_busy_ms_per_step": round(on_device / 1e3 / n_steps, 2),
             "kernel_launches_per_step": round(counts.get("cudaLaunchKernel", 0) / n_steps, 1),
+            "graph_launches_per_step": round(counts.get("cudaGraphLaunch", 0) / n_steps, 1),
             "host_syncs_per_step": round(sum(counts.get(k, 0) for k in (
                 "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")) / n_steps, 1),
             "top": [[e.key[:60], round((device_us(e) if on_device else e.self_cpu_time_total)

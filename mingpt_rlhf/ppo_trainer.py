@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from .machinery.distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
+from .machinery.decode_graphs import DecodeGraphs
 from .machinery.lora import adapters_disabled, has_lora
 from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
                      advantages_of, aliases_of, check_roles, check_groups, default_kl_estimator,
@@ -232,6 +233,11 @@ class PPOTrainer:
             self.rollout = self.play_rollout
         if cfg.generate_batch_size:  # the KV cache of fewer rows at a time
             self.sample = self.sample_in_slices
+        # the decoding loop: sampling.py's, or on CUDA a step of fixed shapes replayed as a CUDA
+        # graph (--decode_graphs, machinery/decode_graphs.py)
+        self.generate = generate
+        if getattr(cfg, "decode_graphs", False) and device.type == "cuda":
+            self.generate = functools.partial(generate, loop=DecodeGraphs())
         if getattr(cfg, "learn_batch_size", 0):  # the activations of fewer rows at a time
             self.slices = self.slices_of_size
         if value_head is not None:  # the critic: separate (PPO's default), shared, or none
@@ -314,10 +320,10 @@ class PPOTrainer:
         sampler's log-probs, entropies and hidden states too)."""
         cfg = self.cfg
         with self.amp():
-            return generate(self.actor, prompt_ids, prompt_mask, cfg.max_new_tokens,
-                            temperature=cfg.temperature, top_k=cfg.top_k or None,
-                            top_p=cfg.top_p if cfg.top_p < 1 else None, eos_token_id=self.eos_id,
-                            pad_token_id=self.pad_id, generator=generator, score=score)
+            return self.generate(self.actor, prompt_ids, prompt_mask, cfg.max_new_tokens,
+                                 temperature=cfg.temperature, top_k=cfg.top_k or None,
+                                 top_p=cfg.top_p if cfg.top_p < 1 else None, eos_token_id=self.eos_id,
+                                 pad_token_id=self.pad_id, generator=generator, score=score)
 
     def sample_in_slices(self, prompt_ids, prompt_mask, generator=None,
                          score: bool = False) -> GenerationOutput:

@@ -112,10 +112,10 @@ def filter_logits(logits: torch.Tensor, top_k=None, top_p=None) -> torch.Tensor:
 
 def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
              temperature: float = 1.0, top_k=None, top_p=None, eos_token_id=None,
-             pad_token_id=None, generator=None, score: bool = False) -> GenerationOutput:
+             pad_token_id=None, generator=None, score: bool = False, loop=None) -> GenerationOutput:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
-    `pad_token_id` (default: EOS, else 0) fills a row after its EOS; the masks say what is
-    real. `score=True` also returns each token's log-prob, entropy and hidden state."""
+    `pad_token_id` (default: EOS, else 0) fills a row after its EOS. `score=True` also returns
+    each token's log-prob, entropy, hidden state. `loop`: `_sample`, or machinery/decode_graphs'."""
     check_sampling_options(temperature, top_k, top_p)
     if score and temperature == 0:
         raise ValueError("score=True needs temperature > 0: greedy decoding has no log-probs")
@@ -137,8 +137,8 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
     model.eval()
     # no autograd bookkeeping in the loop; its tensors are cloned out to enter autograd later
     with torch.inference_mode():
-        out = _sample(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
-                      top_k, top_p, eos_token_id, pad_token_id, suppress, generator, score)
+        out = (loop or _sample)(model, prompt_ids, attention_mask.long(), max_new_tokens, temperature,
+                                top_k, top_p, eos_token_id, pad_token_id, suppress, generator, score)
     model.train(was_training)
     sequences, full_mask, action_mask, scores = out
     scores = [x.clone() for x in scores] if score else [None, None, None]

@@ -104,6 +104,77 @@ def hold_frozen_in(model: torch.nn.Module, dtype: torch.dtype,
     return model
 
 
+def output_layer_in_tf32(model: torch.nn.Module) -> None:
+    """`--tf32_output_layer`: `model`'s output layer (`GPT.logits`) multiplies on the GPU's TF32
+    tensor cores, forward and backward, and every other float32 product of the process keeps
+    the precision it had (torch's TF32 switch is process-wide: it is set around this product
+    only). TF32 rounds each float32 operand to 10 bits of mantissa and sums in float32: at
+    GPT-2's shape a log-prob moves by ~0.003 nats (bench/tf32_logprobs.py), where bf16 logits
+    would move it by up to 0.5. The layer otherwise stays what model.py makes it (float32
+    under autocast, the padded rows cut off). Replaces `model.logits` on this model only.
+    (On a CPU the switch changes no product: the scripts refuse the option there,
+    `check_tf32_output_layer`.)"""
+    model.logits = functools.partial(tf32_logits, model)
+
+
+def check_tf32_output_layer(wanted: bool, device: torch.device) -> None:
+    """--tf32_output_layer is for CUDA GPUs: TF32 is the format of their tensor cores."""
+    if wanted and device.type != "cuda":
+        raise UserError(f"--tf32_output_layer is for CUDA GPUs (TF32 is their tensor cores' "
+                        f"format); on {device.type} leave it off")
+
+
+def tf32_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """GPT.logits with its product in TF32: (..., C) hidden states -> (..., vocab_size)."""
+    weight = model.lm_head.weight
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = TF32Product.apply(hidden.to(weight.dtype), weight)
+    return logits[..., :model.config.vocab_size]
+
+
+def cuda_matmul_switch() -> tuple[str, object, object]:
+    """(name, value meaning TF32, value now) of torch's switch for CUDA's float32 matmuls: its
+    new form (`fp32_precision`, torch 2.9+), else the legacy `allow_tf32`. Never the other form
+    on a torch that has the new one: reading a legacy form after a script set the new one (or
+    the other way) is an error there, and the new form reads right after either."""
+    switch = torch.backends.cuda.matmul
+    name, on = ("fp32_precision", "tf32") if hasattr(switch, "fp32_precision") else ("allow_tf32", True)
+    return name, on, getattr(switch, name)
+
+
+@contextlib.contextmanager
+def tf32_matmuls():
+    """CUDA's float32 matmuls in TF32 inside the block only; the switch as it was after."""
+    name, on, before = cuda_matmul_switch()
+    setattr(torch.backends.cuda.matmul, name, on)
+    try:
+        yield
+    finally:
+        setattr(torch.backends.cuda.matmul, name, before)
+
+
+class TF32Product(torch.autograd.Function):
+    """hidden (..., C) @ weight (V, C)^T with TF32 allowed, in the backward's two products too
+    (autograd would run them after the switch is back)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight):
+        ctx.save_for_backward(hidden, weight)
+        with tf32_matmuls():
+            return torch.nn.functional.linear(hidden, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight = ctx.saved_tensors
+        grad_hidden = grad_weight = None
+        with tf32_matmuls():
+            if ctx.needs_input_grad[0]:
+                grad_hidden = grad @ weight                                         # (..., C)
+            if ctx.needs_input_grad[1]:
+                grad_weight = grad.reshape(-1, grad.size(-1)).t() @ hidden.reshape(-1, hidden.size(-1))
+        return grad_hidden, grad_weight
+
+
 def require_room_for_prompt(max_new_tokens: int, block_size: int) -> None:
     """Sampling needs at least one prompt token before the `max_new_tokens` it may add."""
     if max_new_tokens >= block_size:
