@@ -211,6 +211,8 @@ def worker(spec: dict) -> dict:
 
 
 def _measure(spec, b, data, meter, result, out_dir, common, folder) -> dict:
+    import torch
+
     import train_ppo
     import train_rm
     import train_sft
@@ -256,7 +258,7 @@ def _measure(spec, b, data, meter, result, out_dir, common, folder) -> dict:
                                rollout_batch_size=b["rollouts"], minibatch_size=b["minibatch"],
                                ppo_epochs=b["epochs"], max_new_tokens=b["new"],
                                eval_prompts=2, eval_interval=10, target_kl=0.0,
-                               **common)
+                               decode_graphs=torch.cuda.is_available(), **common)
         if cfg.algo == "ppo":  # its pretraining term, read only by PPO
             cfg.ptx_data = os.path.join(data, "demos.jsonl")
         train_ppo.main(cfg)

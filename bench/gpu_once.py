@@ -438,7 +438,8 @@ def pipeline_worker(spec: dict) -> dict:
                                     ("rm", train_rm, {"sft_dir": f"{root}/sft"}),
                                     ("ppo", train_ppo, {"sft_dir": f"{root}/sft", "rm_dir": f"{root}/rm"})):
             t = time.time()
-            module.main(module.Config(out_dir=f"{root}/{stage}", device=device, **dirs,
+            graphs = {"decode_graphs": device == "cuda"} if stage == "ppo" else {}  # (off by default)
+            module.main(module.Config(out_dir=f"{root}/{stage}", device=device, **dirs, **graphs,
                                       **opts.get(stage, {})))
             rows = read_metrics(f"{root}/{stage}/metrics.jsonl")
             evals = [r for r in rows if r.get("split") == "eval"]

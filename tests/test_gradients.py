@@ -375,3 +375,17 @@ def test_the_reward_models_loss_recovers_r_up_to_a_constant():
     eigen = torch.linalg.eigvalsh(hessian)
     assert eigen[0].abs() < 1e-15 and eigen[1] > 1e-4
     torch.testing.assert_close(hessian.sum(-1), torch.zeros_like(r), rtol=0, atol=1e-15)
+
+
+def test_the_docs_table_is_the_oracles_json():
+    """docs/gradients.md's table is `python -m mingpt_rlhf.lab.gradients --markdown` of the
+    committed bench/results/gradients.json, and that JSON holds a row for every row of ROWS."""
+    import json
+    import os
+    from mingpt_rlhf.lab.gradients import markdown_table
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "bench", "results", "gradients.json")) as f:
+        result = json.load(f)
+    assert [r["name"] for r in result["rows"]] == [row.name for row in ROWS]
+    with open(os.path.join(root, "docs", "gradients.md")) as f:
+        assert markdown_table(result) in f.read()
