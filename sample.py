@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+from mingpt_rlhf.stages import load_policy, load_reward_model
 from mingpt_rlhf.machinery.cli import opt, require_positive, run
-from mingpt_rlhf.chat import chat_format_of
+from mingpt_rlhf.machinery.chat import chat_format_of
 from mingpt_rlhf.data import load_prompts_jsonl, sequence_start
 from mingpt_rlhf.machinery.errors import UserError
 from mingpt_rlhf.evaluate import generate_batches, response_texts

@@ -25,12 +25,13 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, load_reward_model,
-                                              rank_rng_states, restore_rank_rng, resume_checkpoint,
-                                              resume_state, save_checkpoint, weights_for_later_stages)
+from mingpt_rlhf.stages import (load_policy, load_resume_state, load_reward_model, resume_state,
+                                weights_for_later_stages)
+from mingpt_rlhf.machinery.checkpoint import (rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                              save_checkpoint)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
-from mingpt_rlhf.chat import chat_format_of
+from mingpt_rlhf.machinery.chat import chat_format_of
 from mingpt_rlhf.data import PairData, holdout_split, load_preference_jsonl, micro_batches_of_step
 from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shutdown, world_size
 from mingpt_rlhf.methods.dpo import dpo_loss, response_logprob_sums
@@ -39,8 +40,8 @@ from mingpt_rlhf.evaluate import distinct_n, generate_batches, response_texts
 from mingpt_rlhf.machinery.lora import (TARGETS_HELP, adapters_disabled, add_lora, check_lora_options,
                                         parse_targets)
 from mingpt_rlhf.optim import Optimizer, lr_at
-from mingpt_rlhf.machinery.plot import picture_of_run
-from mingpt_rlhf.machinery.metrics import MetricsLog
+from mingpt_rlhf.run.plot import picture_of_run
+from mingpt_rlhf.run.metrics import MetricsLog
 from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.tasks import get_task

@@ -21,12 +21,13 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.machinery.checkpoint import (load_policy, load_resume_state, load_reward_model,
-                                              load_state_dict_checked, rank_rng_states, restore_rank_rng,
-                                              resume_checkpoint, resume_state, save_checkpoint,
-                                              weights_for_later_stages)
+from mingpt_rlhf.stages import (load_policy, load_resume_state, load_reward_model, resume_state,
+                                weights_for_later_stages)
+from mingpt_rlhf.model import load_state_dict_checked
+from mingpt_rlhf.machinery.checkpoint import (rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                              save_checkpoint)
 from mingpt_rlhf.machinery.cli import MACHINERY, opt, run
-from mingpt_rlhf.chat import PLAIN, chat_format_of
+from mingpt_rlhf.machinery.chat import PLAIN, chat_format_of
 from mingpt_rlhf.data import (SFTData, encode_prompt, fields_of, holdout_split, left_pad,
                               load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.machinery.distributed import is_main, mean_over_ranks, setup, shard, shutdown, world_size
@@ -41,23 +42,23 @@ from mingpt_rlhf.heads import Critic, ScalarHead
 from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, has_lora, merged_state_dict, parse_targets
 from mingpt_rlhf.losses import ADVANTAGES, GROUP_ALGOS, POLICY_LOSSES, LossSpec, spec_of
 from mingpt_rlhf.model import GPTConfig, build_empty
-from mingpt_rlhf.machinery.rl_options import check_config, check_online_dpo, default_of, reads  # noqa: F401 (tests call them here)
-from mingpt_rlhf.machinery.plot import picture_of_run
-from mingpt_rlhf.machinery.report import comparison_lines, report_of_run, update_counts, update_lines
-from mingpt_rlhf.machinery.rollouts import RolloutRecorder
+from mingpt_rlhf.run.rl_options import check_config, check_online_dpo, default_of, reads  # noqa: F401 (tests call them here)
+from mingpt_rlhf.run.plot import picture_of_run
+from mingpt_rlhf.run.report import comparison_lines, report_of_run, update_counts, update_lines
+from mingpt_rlhf.run.rollouts import RolloutRecorder
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 from mingpt_rlhf.ppo_trainer import PPOTrainer, trainable
 from mingpt_rlhf.rewards import ModelReward, TextReward, load_function, task_reward
-from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
+from mingpt_rlhf.run.metrics import MetricsLog, read_metrics
 from mingpt_rlhf.machinery.runtime import (autocast_of, check_tf32_output_layer, hold_frozen_in,
                                            output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.optim import lr_at
 from mingpt_rlhf.tasks import get_task
-from mingpt_rlhf.machinery.watch import RunWatch, largest_logratio
+from mingpt_rlhf.run.watch import RunWatch, largest_logratio
 
 # --help's groups: the recipe's options first (RECIPE: every option below without a group), then
-# each variant's options under its name (which runs read which: READ_ONLY_WITH, machinery/rl_options.py)
+# each variant's options under its name (which runs read which: READ_ONLY_WITH, run/rl_options.py)
 EXAMPLES = """
 More runs:
 
@@ -195,7 +196,7 @@ class Config:
                                   "responses (grpo / rloo: a group each; --env: episodes) with "
                                   "every token's log-prob, reference log-prob, value, advantage, "
                                   "reward and entropy into rollouts.jsonl, which report.html shows "
-                                  "(0 = off; mingpt_rlhf/machinery/rollouts.py)")
+                                  "(0 = off; mingpt_rlhf/run/rollouts.py)")
     seed: int = opt(1337, "random seed")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     group_size: int = opt(0, "grpo / rloo / online_dpo: responses sampled per prompt (a group, "
@@ -785,7 +786,7 @@ def set_up(cfg: Config) -> Run:
     # Under torchrun each rank has its own streams (rank 0's are a single process's).
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + 1000 * rank)
     shuffle_gen = torch.Generator().manual_seed(cfg.seed + 2 + 1000 * rank)
-    # the run's warnings and reward-hacking signals (machinery/watch.py); best: the most an
+    # the run's warnings and reward-hacking signals (run/watch.py); best: the most an
     # episode can return, if its environment says
     watch = RunWatch(cfg, getattr(env_class, "best_return", None))
     step = 0
@@ -798,7 +799,7 @@ def set_up(cfg: Config) -> Run:
                      time_offset=resumed["time"] if resumed else 0.0)
     watch.resume([r for r in read_metrics(log.path) if "split" not in r and not r.get("final")]
                  if resumed and is_main() else [])
-    # the same held-out prompts at every eval, token by token, for report.html (machinery/rollouts.py)
+    # the same held-out prompts at every eval, token by token, for report.html (run/rollouts.py)
     recorder = RolloutRecorder(cfg.out_dir, min(cfg.record_rollouts, cfg.eval_prompts), tokenizer,
                                cfg.seed, task, env_class, resume_step=step if resumed else None)
     print(run_line(cfg, actor, source, device, dtype, trainer.kl_ctl.value, lr_changes))

@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.machinery.checkpoint import (load_checkpoint, load_policy, load_resume_state,
-                                              rank_rng_states, restore_rank_rng, resume_checkpoint,
-                                              resume_state, reward_model_from, save_checkpoint,
-                                              weights_for_later_stages)
+from mingpt_rlhf.machinery.checkpoint import (load_checkpoint, rank_rng_states, restore_rank_rng,
+                                              resume_checkpoint, save_checkpoint)
+from mingpt_rlhf.stages import (load_policy, load_resume_state, resume_state, reward_model_from,
+                                weights_for_later_stages)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
-from mingpt_rlhf.chat import chat_format_of
+from mingpt_rlhf.machinery.chat import chat_format_of
 from mingpt_rlhf.data import (PairData, encode_example, holdout_split, load_preference_jsonl,
                               micro_batches_of_step, right_pad)
 from mingpt_rlhf.machinery.distributed import all_sum, is_main, setup, shutdown, world_size
@@ -48,8 +48,8 @@ from mingpt_rlhf.heads import RewardModel, pairwise_loss
 from mingpt_rlhf.evaluate import generate_batches
 from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.optim import Optimizer, lr_at
-from mingpt_rlhf.machinery.plot import picture_of_run
-from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
+from mingpt_rlhf.run.plot import picture_of_run
+from mingpt_rlhf.run.metrics import MetricsLog, read_metrics
 from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)
 from mingpt_rlhf.task_base import check_labeller_faults

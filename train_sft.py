@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from mingpt_rlhf.machinery.checkpoint import (load_resume_state, rank_rng_states, restore_rank_rng,
-                                              resume_checkpoint, resume_state, save_checkpoint,
-                                              weights_for_later_stages)
+from mingpt_rlhf.stages import load_resume_state, resume_state, weights_for_later_stages
+from mingpt_rlhf.machinery.checkpoint import (rank_rng_states, restore_rank_rng, resume_checkpoint,
+                                              save_checkpoint)
 from mingpt_rlhf.machinery.distributed import (all_sum, is_main, setup, shard, shutdown, token_share,
                                                world_size)
 from mingpt_rlhf.machinery.cli import (MACHINERY, opt, require_data_for_eval_data, require_non_negative,
                                        require_positive, run)
-from mingpt_rlhf.chat import Conversation
+from mingpt_rlhf.machinery.chat import Conversation
 from mingpt_rlhf.data import IGNORE, SFTData, Transcript, holdout_split, load_sft_jsonl
 from mingpt_rlhf.methods.episodes import EpisodeSource, load_env, play_and_measure
 from mingpt_rlhf.machinery.errors import UserError
@@ -42,8 +42,8 @@ from mingpt_rlhf.logprobs import lm_loss
 from mingpt_rlhf.machinery.lora import TARGETS_HELP, add_lora, check_lora_options, parse_targets
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.optim import Optimizer, lr_at
-from mingpt_rlhf.machinery.plot import picture_of_run
-from mingpt_rlhf.machinery.metrics import MetricsLog
+from mingpt_rlhf.run.plot import picture_of_run
+from mingpt_rlhf.run.metrics import MetricsLog
 from mingpt_rlhf.machinery.runtime import (autocast, check_tf32_output_layer, hold_frozen_in,
                                            output_layer_in_tf32, pick_device, prepare_out_dir,
                                            require_room_for_prompt, resolve_dtype, seed_everything)

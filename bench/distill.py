@@ -121,9 +121,9 @@ from mingpt_rlhf.data import SFTData  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
 from mingpt_rlhf.lab.passk import pass_at_k_curve, right_answers  # noqa: E402
 from mingpt_rlhf.logprobs import lm_loss, sequence_logprobs  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import (load_policy, save_checkpoint,  # noqa: E402
-                                              weights_for_later_stages)
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.machinery.checkpoint import save_checkpoint  # noqa: E402
+from mingpt_rlhf.stages import load_policy, weights_for_later_stages  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.machinery.runtime import (autocast, hold_frozen_in, pick_device,  # noqa: E402
                                            resolve_dtype)
 from mingpt_rlhf.optim import Optimizer  # noqa: E402

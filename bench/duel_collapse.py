@@ -61,9 +61,9 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf import ppo_trainer  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from mingpt_rlhf.methods.episodes import load_env  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "duel_collapse.json")
 ENV = os.path.join(ROOT, "examples", "duel_env.py") + ":Duel"

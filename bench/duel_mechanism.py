@@ -58,7 +58,7 @@ import torch  # noqa: E402
 import duel_collapse as d  # noqa: E402
 import train_ppo  # noqa: E402
 from mingpt_rlhf import optim, ppo_trainer  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "duel_mechanism.json")
 # groups of the actor's parameters, by name: the counterfactual "only_<group>" moves only them

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import duel_collapse as d  # noqa: E402
 import train_ppo  # noqa: E402
 from mingpt_rlhf import optim, ppo_trainer  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.ppo import approx_kl  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "duel_variants.json")

@@ -37,7 +37,7 @@ def child(rule: str, root: str, iters: int, out: str, threads: int) -> dict:
     import torch
     torch.set_num_threads(threads)
     import train_ppo
-    from mingpt_rlhf.machinery.metrics import read_metrics
+    from mingpt_rlhf.run.metrics import read_metrics
     from vs_peers import peak_rss_mb
     member, combine = REWARDS[rule]
     rm_dir = os.path.join(root, "hack", "rm_noise0", member)

@@ -1,4 +1,4 @@
-"""Our export (`python -m mingpt_rlhf.machinery.export`) against transformers 5.24: the folder
+"""Our export (`python -m mingpt_rlhf.run.export`) against transformers 5.24: the folder
 it writes loads with `AutoModelForCausalLM.from_pretrained`, and gives our logits. No download:
 each model is built from a configuration with random weights.
 
@@ -147,7 +147,7 @@ def trained_checkpoint(name: str, case: dict, work: str, seed: int) -> str:
     """The folder of the checkpoint to export (steps 1 and 2 of the docstring)."""
     import train_sft
     from mingpt_rlhf.machinery.checkpoint import save_checkpoint
-    from mingpt_rlhf.machinery.checkpoint import load_policy
+    from mingpt_rlhf.stages import load_policy
     out = os.path.join(work, "sft")
     common = dict(out_dir=out, max_iters=2, lr=1e-2, warmup_iters=0, batch_size=4, eval_interval=2,
                   eval_prompts=2, max_new_tokens=4, seed=seed, dtype="float32", device="cpu")
@@ -301,8 +301,8 @@ def write_fixture(name: str, ckpt_dir: str, folder: str, ids, mask, ref: dict) -
 
 
 def run_case(name: str, seed: int, fixtures: bool, keep: str = "") -> dict:
-    from mingpt_rlhf.machinery.export import load_policy_checkpoint
-    from mingpt_rlhf.machinery.export import main as export_main
+    from mingpt_rlhf.run.export import load_policy_checkpoint
+    from mingpt_rlhf.run.export import main as export_main
     from mingpt_rlhf.sampling import generate
     case = CASES[name]
     start = time.perf_counter()

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import results_file  # noqa: E402
 import torch  # noqa: E402
 
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from user_games import GAMES as USER_GAMES, game_module  # noqa: E402
 
 SURE = 0.05          # below this, the right move is one the policy no longer samples

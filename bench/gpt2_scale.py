@@ -167,7 +167,8 @@ def write_rm_checkpoint(folder: str, rm_dir: str) -> None:
     """A reward model for PPO: the GPT-2 trunk + a random head, marked normalised, written by
     the code under test (so its tensor layout is that code's)."""
     import torch
-    from mingpt_rlhf.machinery.checkpoint import load_policy, save_checkpoint
+    from mingpt_rlhf.stages import load_policy
+    from mingpt_rlhf.machinery.checkpoint import save_checkpoint
     from mingpt_rlhf.heads import RewardModel
     from dataclasses import asdict
     policy, tokenizer, _ = load_policy("", folder)

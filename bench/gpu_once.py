@@ -9,7 +9,7 @@ that a lease cut short still returns what finished first:
    published peaks), then decoding at GPT-2 small's shape (random weights; 256-token prompts,
    64 new tokens, no EOS; float32 weights under bf16 autocast, as PPO samples) at 32 and 256
    rows, three ways: sampling.py's loop ("eager"), the fixed-shape step of
-   machinery/decode_graphs.py run eagerly ("fixed") and replayed as CUDA graphs ("graph",
+   decode_graphs.py run eagerly ("fixed") and replayed as CUDA graphs ("graph",
    train_ppo.py's --decode_graphs): one token's milliseconds ((time of 64 new tokens - time
    of 1) / 63), x its bound (the bytes a step must read: bf16 block weights, the float32
    output layer, the bf16 KV cache at its mean length, over the measured and the published
@@ -202,7 +202,7 @@ def the_card(args) -> dict:
 def decode(run: Run) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from mingpt_rlhf.machinery.decode_graphs import BUCKET, DecodeGraphs
+    from mingpt_rlhf.decode_graphs import BUCKET, DecodeGraphs
     from mingpt_rlhf.model import GPT, GPTConfig
     from mingpt_rlhf.sampling import generate
     args, out = run.args, run.part("decode")
@@ -423,7 +423,7 @@ def pipeline_worker(spec: dict) -> dict:
     import train_ppo
     import train_rm
     import train_sft
-    from mingpt_rlhf.machinery.metrics import read_metrics
+    from mingpt_rlhf.run.metrics import read_metrics
     from mingpt_rlhf.ppo_trainer import PPOTrainer
     root, device, opts = spec["root"], spec["device"], spec["options"]
     trainers, real_init = [], PPOTrainer.__init__

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
 from mingpt_rlhf.methods.bestofn import best_of_n  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from mingpt_rlhf.methods.critic_free import group_advantages  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 from pipeline import load_reward_model  # noqa: E402

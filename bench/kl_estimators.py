@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "kl_estimators.json")
 CONFIGS = [f"{estimator}_in_{place}" for place in ("reward", "loss") for estimator in ("k1", "k2", "k3")]

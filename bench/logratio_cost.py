@@ -2,7 +2,7 @@
 
     python bench/logratio_cost.py --sft_dir out/sft --rm_dir out/rm --duel_sft_dir out/bench_duel/sft
 
-`max_logratio` (machinery/watch.py) runs one more forward pass of the actor and of the
+`max_logratio` (run/watch.py) runs one more forward pass of the actor and of the
 reference over the first minibatch's rows every iteration. This times it inside two short
 runs on one thread: the built-in pipeline's PPO at its defaults (the SFT and reward model of
 `python train_sft.py` / `train_rm.py`), and GRPO on the duel game of examples/duel_env.py

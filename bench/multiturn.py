@@ -41,12 +41,12 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.ppo_trainer import resolve_auto_options  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from mingpt_rlhf.methods.env_guess import GuessNumber, optimal_turns, teacher_success, teacher_turns, where_in_interval  # noqa: E402
 from mingpt_rlhf.methods.episodes import EpisodeSource, play_and_measure  # noqa: E402
 from mingpt_rlhf.logprobs import sequence_logprobs  # noqa: E402
 from mingpt_rlhf.machinery.cli import build_parser  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "multiturn.json")
 TURN_TOKENS = 3          # a guess is one number and EOS; one token to spare

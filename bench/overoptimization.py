@@ -60,9 +60,9 @@ import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.methods.bestofn import best_of_n_kl, best_of_n_kl_exact, best_of_n_weights  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model  # noqa: E402
+from mingpt_rlhf.stages import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.lab.overoptimization import fit  # noqa: E402
 from mingpt_rlhf.ppo_trainer import resolve_auto_options  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402

@@ -37,8 +37,8 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.lab.passk import pass_at_k_curve, right_answers  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "passk.json")

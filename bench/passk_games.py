@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from first_moves import GAMES, game_class, openings  # noqa: E402
 from mingpt_rlhf.lab.passk import pass_at_k_curve  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from mingpt_rlhf.methods.episodes import EpisodeSource  # noqa: E402
 
 TURN_TOKENS = 3      # as bench/user_games.py

@@ -35,7 +35,7 @@ import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.methods.bestofn import best_of_n  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model  # noqa: E402,F401 (the benches share it)
+from mingpt_rlhf.stages import load_policy, load_reward_model  # noqa: E402,F401 (the benches share it)
 from mingpt_rlhf.data import SFTData  # noqa: E402
 from mingpt_rlhf.evaluate import distinct_n  # noqa: E402
 from mingpt_rlhf.tasks import ADJECTIVES, get_task  # noqa: E402

@@ -53,7 +53,7 @@ Writes --json (bench/results/reading_path.json): per function {file, function, f
 phase, lines, ran_lines, unrun_lines: [[line, text], ...]}, per phase and per file the
 totals, per phase the lines of each part of the tree ("parts": "iteration", train_ppo.py
 and PPO's own files at the top of mingpt_rlhf/; "chapters", the recipe's GPT, tokenizer, data
-and task; then methods/, lab/ and machinery/), the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
+and task; then methods/, lab/, machinery/ and run/), the revision (git rev-parse --short HEAD) and the date. tests/test_reading_path.py
 runs the same trace and holds the iteration's total under a budget that only goes down.
 """
 from __future__ import annotations
@@ -419,7 +419,7 @@ def part_of(name: str) -> str:
     train_ppo.py and PPO's own files at the top of mingpt_rlhf/ (the trainer, its math, the
     sampler, the log-probs, the heads, the optimizer, the rewards: what the by-hand count of
     the path covered), "chapters" for the recipe's other files (CHAPTERS), else its folder
-    there (methods, lab, machinery)."""
+    there (methods, lab, machinery, run)."""
     parts = name.split("/")
     if parts[0] == "mingpt_rlhf" and len(parts) > 2:
         return parts[1]

@@ -38,7 +38,7 @@ import results_file  # noqa: E402
 import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "refinements.json")
 REVIEWS_ITERS = 100
@@ -75,7 +75,7 @@ def bf16_mismatch(sft_dir: str, seed: int, prompts: int = 64) -> dict:
     the sampler's log-probs; one full forward pass under the same autocast, and one in float32,
     score the same tokens. Per token: mean |log-ratio| and the k3 KL estimate, sampler against
     each; and the same sampler-vs-learner figures in float32 (the pair the trainer reuses)."""
-    from mingpt_rlhf.machinery.checkpoint import load_policy
+    from mingpt_rlhf.stages import load_policy
     from mingpt_rlhf.data import left_pad
     from mingpt_rlhf.logprobs import sequence_logprobs
     from mingpt_rlhf.lab.offpolicy import correct

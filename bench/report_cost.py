@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.report import write_report  # noqa: E402
+from mingpt_rlhf.run.report import write_report  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "report_cost.json")
 PICTURE = os.path.join(ROOT, "bench", "results", "report_ppo.png")
@@ -134,7 +134,7 @@ def main():
     results_file.save(RESULTS, result)
     print(summary)
     run = os.path.join(args.work, "ppo_record8_round0", "ppo")
-    if os.path.exists(os.path.join(run, "metrics.jsonl")):  # drawn again by today's machinery/report.py
+    if os.path.exists(os.path.join(run, "metrics.jsonl")):  # drawn again by today's run/report.py
         screenshot(write_report([run], os.path.join(args.work, "report.html")), PICTURE)
 
 

@@ -58,7 +58,7 @@ def train_stage(main, config_class, out_dir: str, **options) -> None:
     ensemble.json); a run that was killed part-way (a checkpoint, no summary; an ensemble's
     first member) is resumed, never taken for a finished one."""
     from mingpt_rlhf.lab.ensemble import is_ensemble
-    from mingpt_rlhf.machinery.metrics import read_metrics
+    from mingpt_rlhf.run.metrics import read_metrics
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if os.path.exists(metrics) and any(r.get("final") for r in read_metrics(metrics)[-1:]):
         return

@@ -61,11 +61,11 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model  # noqa: E402
+from mingpt_rlhf.stages import load_policy, load_reward_model  # noqa: E402
 from mingpt_rlhf.lab.ensemble import COMBINE, UWO_LAMBDA, load_reward  # noqa: E402
 from mingpt_rlhf.lab.hacking import ALARM_KL  # noqa: E402
 from mingpt_rlhf.evaluate import generate_batches, response_texts  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "reward_hacking.json")

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "spurious.json")
 CLIPS = {"clip": 0.2, "no_clip": 100.0}

@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.lab.offpolicy import OFFPOLICY  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "staleness.json")

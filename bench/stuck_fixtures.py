@@ -3,7 +3,7 @@
     python bench/stuck_fixtures.py                 # trains what it needs under --work, ~30 min
     python bench/stuck_fixtures.py --only tied     # one of: collapsed, tied, converged
 
-Three runs, each kept as the figures the watch reads (machinery/watch.py: score, zero_groups,
+Three runs, each kept as the figures the watch reads (run/watch.py: score, zero_groups,
 entropy, kl, minibatch_steps, early_stop_kl, eos_rate, and what the run itself logged as
 `stuck`), one JSON line per iteration, in a file named after the run in FIXTURES:
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.machinery.cli import parse_config  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from user_games import GAMES, TURN_TOKENS, sft_of  # noqa: E402
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "stuck")

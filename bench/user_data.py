@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 DATA = os.path.join(ROOT, "examples", "arithmetic")
 RESULTS = os.path.join(ROOT, "bench", "results", "user_data.json")

@@ -16,7 +16,7 @@ method, rate and seed `train_ppo.py --env FILE:CLASS --algo METHOD --max_new_tok
 
 Per run it records the held-out win rate at every eval (200 episodes, seeds 0..199; step 0 is
 the SFT policy), the final one, the largest `kl`, the iterations the run was `stuck` (no
-reward signal while below its SFT level: machinery/watch.py), the seconds, and the date and
+reward signal while below its SFT level: run/watch.py), the seconds, and the date and
 commit it ran at. A run has collapsed when its final held-out win rate is below its SFT policy's;
 it dipped when one of its evals was (and came back when it dipped but did not end below). Perfect play wins every
 episode of both games (the optimum is 1.0); the target is a final win rate of at least 0.90
@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.machinery.cli import parse_config  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 
 GAMES = {"duel": ("duel_env.py", "Duel"), "corridor": ("corridor_env.py", "Corridor")}
 TURN_TOKENS = 3      # a move is one word and EOS; one token to spare

@@ -39,9 +39,9 @@ import torch  # noqa: E402
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
-from mingpt_rlhf.machinery.checkpoint import load_policy  # noqa: E402
+from mingpt_rlhf.stages import load_policy  # noqa: E402
 from mingpt_rlhf.evaluate import sample_responses  # noqa: E402
-from mingpt_rlhf.machinery.metrics import read_metrics  # noqa: E402
+from mingpt_rlhf.run.metrics import read_metrics  # noqa: E402
 from mingpt_rlhf.tasks import get_task  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "verifiable.json")

@@ -18,8 +18,8 @@ import os
 
 import torch
 
-from .chat import (PLAIN, ChatFormat, Conversation, chat_format_of, conversation_of, pair_texts,
-                   prompt_text, transcript)
+from .machinery.chat import (PLAIN, ChatFormat, Conversation, chat_format_of, conversation_of,
+                             pair_texts, prompt_text, transcript)
 from .machinery.distributed import shard, world_size
 from .machinery.errors import UserError
 
@@ -39,7 +39,7 @@ def read_jsonl(path: str, required: list[list[str]], what: str) -> list[tuple[in
       only (each followed by EOS, its end-of-turn token), and each turn is tokenized on its
       own, as an episode holds it (`encode_transcript`). Or a conversation,
       {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}, with at
-      least one assistant message: rendered in the tokenizer's chat format (chat.py), it is
+      least one assistant message: rendered in the tokenizer's chat format (machinery/chat.py), it is
       an episode whose policy turns are the assistant's answers, so the loss is on those only.
     - Preference pairs (`train_rm.py --data`): {"prompt": ..., "chosen": ..., "rejected": ...}
       (trl's format), or {"chosen": ..., "rejected": ...} alone (raw Anthropic HH, where both

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .machinery.distributed import all_agree, mean_over_ranks, token_share, tokens_per_rank, world_size
 from .logprobs import input_mask, lm_logprobs, lm_loss_of_hidden
-from .machinery.decode_graphs import DecodeGraphs
+from .decode_graphs import DecodeGraphs
 from .machinery.lora import adapters_disabled, has_lora
 from .losses import (GROUP_BASELINES, ROLLOUT_FIGURES, ROWS_TO_LEARN, SCORE_SHAPING, actor_loss,
                      advantages_of, aliases_of, check_roles, check_groups, default_kl_estimator,
@@ -234,7 +234,7 @@ class PPOTrainer:
         if cfg.generate_batch_size:  # the KV cache of fewer rows at a time
             self.sample = self.sample_in_slices
         # the decoding loop: sampling.py's, or on CUDA a step of fixed shapes replayed as a CUDA
-        # graph (--decode_graphs, machinery/decode_graphs.py)
+        # graph (--decode_graphs, decode_graphs.py)
         self.generate = generate
         if getattr(cfg, "decode_graphs", False) and device.type == "cuda":
             self.generate = functools.partial(generate, loop=DecodeGraphs())

@@ -115,7 +115,7 @@ def generate(model, prompt_ids, attention_mask=None, max_new_tokens: int = 32,
              pad_token_id=None, generator=None, score: bool = False, loop=None) -> GenerationOutput:
     """Sample up to `max_new_tokens` tokens after each left-padded prompt of `prompt_ids` (B, T).
     `pad_token_id` (default: EOS, else 0) fills a row after its EOS. `score=True` also returns
-    each token's log-prob, entropy, hidden state. `loop`: `_sample`, or machinery/decode_graphs'."""
+    each token's log-prob, entropy, hidden state. `loop`: `_sample`, or decode_graphs'."""
     check_sampling_options(temperature, top_k, top_p)
     if score and temperature == 0:
         raise ValueError("score=True needs temperature > 0: greedy decoding has no log-probs")

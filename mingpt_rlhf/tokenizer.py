@@ -12,7 +12,7 @@ PAD and EOS always differ: masking out padding would otherwise mask every EOS, n
   samples several times faster, and the model cannot spell a word that does not exist, which
   makes `well_formed` >= 0.95 easy to reach after a short SFT run.
 - `BPETokenizer`: byte-level BPE (`machinery/bpe.py`): GPT-2's vocab.json + merges.txt, or the
-  tokenizer.json of Qwen2/2.5, Qwen3, Llama 3, SmolLM2 (`machinery/tokenizer_json.py`, chat.py).
+  tokenizer.json of Qwen2/2.5, Qwen3, Llama 3, SmolLM2 (`machinery/tokenizer_json.py`, `machinery/chat.py`).
 
 Try it:  python -c "from mingpt_rlhf.tokenizer import WordTokenizer as W; t=W.from_texts(['a b .']); print(t.encode('a b . <eos>'))"
 """

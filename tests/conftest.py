@@ -58,7 +58,7 @@ def sft_then_rl_on_a_game(tmp_path, module, env: str, algo: str) -> list[dict]:
     scripts' mains as a user runs them; the RL run's metrics lines."""
     import train_ppo
     import train_sft
-    from mingpt_rlhf.machinery.metrics import read_metrics
+    from mingpt_rlhf.run.metrics import read_metrics
     path = tmp_path / "demos.jsonl"
     module.write_demonstrations(str(path), episodes=400)
     train_sft.main(train_sft.Config(out_dir=str(tmp_path / "sft"), data=str(path), env=env,

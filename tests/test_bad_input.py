@@ -275,7 +275,7 @@ def test_save_checkpoint_turns_a_full_disk_into_a_user_error(tmp_path, monkeypat
 
 def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
     from mingpt_rlhf.machinery.errors import UserError
-    from mingpt_rlhf.machinery import metrics
+    from mingpt_rlhf.run import metrics
     log = metrics.MetricsLog(str(tmp_path))
     monkeypatch.setattr(metrics, "open", failing(errno.ENOSPC), raising=False)
     with pytest.raises(UserError, match="metrics.jsonl"):
@@ -290,7 +290,7 @@ def test_metrics_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch)
 ])
 def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
     pytest.importorskip("matplotlib")
-    from mingpt_rlhf.machinery import plot
+    from mingpt_rlhf.run import plot
     with pytest.raises(SystemExit) as exit_info:
         plot.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
     err = capsys.readouterr().err.strip()
@@ -306,7 +306,7 @@ def test_plot_mistakes_exit_2_with_one_line(world, capsys, argv, words):
     ([W("sft"), "--colour", "red"], ["--colour"]),
 ])
 def test_report_mistakes_exit_2_with_one_line(world, capsys, argv, words):
-    from mingpt_rlhf.machinery import report
+    from mingpt_rlhf.run import report
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(world / a[1]) if isinstance(a, tuple) else a for a in argv])
     err = capsys.readouterr().err.strip()
@@ -316,7 +316,7 @@ def test_report_mistakes_exit_2_with_one_line(world, capsys, argv, words):
 
 
 def test_rollouts_that_cannot_be_appended_are_a_user_error(tmp_path, monkeypatch):
-    from mingpt_rlhf.machinery import rollouts
+    from mingpt_rlhf.run import rollouts
     from mingpt_rlhf.machinery.errors import UserError
     from test_report import TOKENIZER
     from test_wiring import build_trainer, ppo_config, random_prompts

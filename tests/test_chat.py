@@ -9,8 +9,9 @@ import shutil
 import pytest
 import torch
 
-from mingpt_rlhf.chat import (PLAIN, UNKNOWN, ChatFormat, conversation_of, format_of_template,
-                              pair_texts, prompt_text, render, transcript)
+from mingpt_rlhf.machinery.chat import (PLAIN, UNKNOWN, ChatFormat, conversation_of,
+                                        format_of_template, pair_texts, prompt_text, render,
+                                        transcript)
 from mingpt_rlhf.data import (IGNORE, PairData, SFTData, encode_example, encode_prompt,
                               load_preference_jsonl, load_prompt_rows, load_sft_jsonl)
 from mingpt_rlhf.machinery.bpe import BPETokenizer

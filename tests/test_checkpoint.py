@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from mingpt_rlhf import stages
 from mingpt_rlhf.machinery import checkpoint
 
 
@@ -98,7 +99,7 @@ def test_a_later_stage_loads_the_weights_tied_and_exact(tmp_path):
     model = write_sft_checkpoint(tmp_path)
     ids = torch.randint(0, 40, (2, 9))
     for frozen in (False, True):
-        policy, _, origin = checkpoint.load_policy(str(tmp_path), frozen=frozen)
+        policy, _, origin = stages.load_policy(str(tmp_path), frozen=frozen)
         assert policy.lm_head.weight is policy.transformer.wte.weight  # still one tied tensor
         assert torch.equal(policy(ids), model.eval()(ids)) and origin["step"] == 3
         assert all(p.requires_grad != frozen for p in policy.parameters())
@@ -112,7 +113,7 @@ def test_the_optimizer_state_of_an_earlier_stage_is_never_read_into_memory(tmp_p
     write_sft_checkpoint(tmp_path, optimizer_mb=256)
     reset_peak_memory()
     before = memory_mb("VmRSS")
-    checkpoint.load_policy(str(tmp_path))
+    stages.load_policy(str(tmp_path))
     assert memory_mb("VmHWM") - before < 64
     # read whole (what --resume does with the run's own checkpoint), it is all in memory
     reset_peak_memory()

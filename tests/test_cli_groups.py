@@ -10,7 +10,7 @@ import pytest
 
 import train_ppo
 from mingpt_rlhf.machinery.cli import build_parser, parse_config
-from mingpt_rlhf.machinery.rl_options import READ_ONLY_WITH, check_config, reads
+from mingpt_rlhf.run.rl_options import READ_ONLY_WITH, check_config, reads
 
 SCRIPTS = ("train_sft", "train_rm", "train_ppo", "train_dpo", "sample")
 

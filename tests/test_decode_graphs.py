@@ -1,4 +1,4 @@
-"""machinery/decode_graphs.py: the decoding step of fixed shapes gives sampling.py's tokens.
+"""decode_graphs.py: the decoding step of fixed shapes gives sampling.py's tokens.
 
 On the CPU the step runs eagerly (no graph): the same greedy and sampled tokens, masks and
 scores as sampling.py's loop, with left padding, EOS per row, top-k and top-p, for GPT-2 and
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conftest import left_pad
-from mingpt_rlhf.machinery import decode_graphs
-from mingpt_rlhf.machinery.decode_graphs import CHECK_EVERY, DecodeGraphs, what_a_graph_reads
+from mingpt_rlhf import decode_graphs
+from mingpt_rlhf.decode_graphs import CHECK_EVERY, DecodeGraphs, what_a_graph_reads
 from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.sampling import generate
 

@@ -101,8 +101,8 @@ def check_command(args: list[str], page: str):
     where = f"{os.path.relpath(page, ROOT)}: python {' '.join(args)}"
     if args[:2] == ["-m", "pytest"]:
         return
-    if args[:2] in (["-m", "mingpt_rlhf.machinery.plot"], ["-m", "mingpt_rlhf.machinery.report"],
-                    ["-m", "mingpt_rlhf.machinery.export"]):
+    if args[:2] in (["-m", "mingpt_rlhf.run.plot"], ["-m", "mingpt_rlhf.run.report"],
+                    ["-m", "mingpt_rlhf.run.export"]):
         importlib.import_module(args[1]).build_parser().parse_args(args[2:])
         return
     script = args[0]
@@ -632,7 +632,7 @@ def option_problem(name: str, value: str, scripts=SCRIPTS) -> str:
             why.append(f"{script}.py: {e}")
             continue
         if script == "train_ppo":
-            from mingpt_rlhf.machinery.rl_options import check_config
+            from mingpt_rlhf.run.rl_options import check_config
             try:
                 check_config(SCRIPT_CONFIGS[script](**vars(args)))
             except UserError as e:

@@ -153,7 +153,7 @@ def test_train_rm_ensemble_writes_members_warm_and_a_manifest(stages, ensemble_r
     member 1 differs from it in its trunk and its head (it trains both, from its own seed and
     order); WARM is their normalised average, normalised again on the policy's samples."""
     import train_rm
-    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.stages import load_policy, load_reward_model
     from mingpt_rlhf.machinery.runtime import autocast
     from mingpt_rlhf.tasks import get_task
     out, summary = ensemble_run

@@ -1,4 +1,4 @@
-"""The export to a Hugging Face folder (machinery/export.py), without transformers:
+"""The export to a Hugging Face folder (run/export.py), without transformers:
 - the files it writes from committed checkpoints are, file for file and tensor for tensor, the
   ones transformers loaded with our logits in bench/export_parity.py, and our loader reads
   them with the logits transformers computed from them (its fixtures, tests/fixtures/exports);
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import bench_module
-from mingpt_rlhf.machinery import export as export_module
-from mingpt_rlhf.machinery.checkpoint import load_policy
+from mingpt_rlhf.run import export as export_module
+from mingpt_rlhf.stages import load_policy
 from mingpt_rlhf.machinery.errors import UserError
-from mingpt_rlhf.machinery.export import export, load_policy_checkpoint
-from mingpt_rlhf.machinery.export import main as export_main
+from mingpt_rlhf.run.export import export, load_policy_checkpoint
+from mingpt_rlhf.run.export import main as export_main
 from mingpt_rlhf.machinery.lora import add_lora, merged_state_dict
 from mingpt_rlhf.machinery.pretrained import read_safetensors, write_safetensors
 from mingpt_rlhf.model import GPT, GPTConfig

@@ -28,7 +28,7 @@ import train_dpo
 import train_ppo
 import train_rm
 import train_sft
-from mingpt_rlhf.machinery.metrics import read_metrics
+from mingpt_rlhf.run.metrics import read_metrics
 from mingpt_rlhf.tokenizer import tokenizer_from_state
 from test_bpe import make_files
 from test_gpt2_scripts import DIALOGUES, write_jsonl

@@ -19,7 +19,7 @@ from mingpt_rlhf.model import GPT, GPTConfig
 from mingpt_rlhf.tasks import get_task
 from mingpt_rlhf.task_base import PreferencePair
 from mingpt_rlhf.tokenizer import WordTokenizer
-from mingpt_rlhf.machinery.watch import idle_update_warning
+from mingpt_rlhf.run.watch import idle_update_warning
 from test_scripts import TINY, ppo_cfg, read_metrics, rm_cfg
 
 

@@ -64,9 +64,28 @@ def circles(graph: dict) -> list:
 def test_no_module_imports_one_that_imports_it_back():
     graph = imports_of_each_module()
     assert {"model", "machinery.checkpoint", "ppo_trainer", "heads", "machinery.pretrained",
-            "methods.episodes", "lab.gradients"} <= set(graph)
-    assert "machinery.errors" in graph["model"] and "model" in graph["machinery.checkpoint"]
+            "methods.episodes", "lab.gradients", "stages", "run.report"} <= set(graph)
+    assert "machinery.errors" in graph["model"] and "model" in graph["stages"]
     assert circles(graph) == []
+
+
+def folder_of(module: str) -> str:
+    """'machinery.cli' -> 'machinery'; a module at the package's top -> 'recipe'."""
+    return module.split(".")[0] if "." in module else "recipe"
+
+
+def test_the_folders_show_their_layers():
+    """machinery/ is what the recipe stands on: it imports nothing of the recipe, methods/,
+    lab/ or run/. run/ is what runs it: nothing else imports run/. (The recipe and methods/ /
+    lab/ import each other only where a table of losses.py or a hook of the trainer lists an
+    entry of theirs.)"""
+    graph = imports_of_each_module()
+    up = sorted((a, b) for a in graph for b in graph[a]
+                if folder_of(a) == "machinery" and folder_of(b) != "machinery")
+    into_run = sorted((a, b) for a in graph for b in graph[a]
+                      if folder_of(b) == "run" and folder_of(a) != "run")
+    assert up == [] and into_run == []
+    assert any(folder_of(b) == "machinery" for a in graph for b in graph[a] if folder_of(a) == "run")
 
 
 def test_the_check_finds_a_circle():

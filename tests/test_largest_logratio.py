@@ -1,11 +1,11 @@
-"""`max_logratio` (machinery/watch.py): the largest log pi(v) - log ref(v) over the whole
+"""`max_logratio` (run/watch.py): the largest log pi(v) - log ref(v) over the whole
 vocabulary at a rollout's action positions. It is 0 for the reference itself, equals a
 straightforward computation from the models' full logits, and it sees probability move onto a
 token the rollouts never sample (the duel game's empty answer) while the KL of the sampled
 tokens does not."""
 import torch
 
-from mingpt_rlhf.machinery.watch import largest_logratio
+from mingpt_rlhf.run.watch import largest_logratio
 
 from test_ppo_trainer import PAD, make_trainer, prompts
 

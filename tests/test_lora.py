@@ -92,7 +92,7 @@ def test_base_checksum_is_the_same_whatever_dtype_holds_the_base():
     one. The base is then held in float32, or (hold_frozen_in, under bf16 / fp16 autocast) in
     low precision: the same base must pass in each, and a changed base (even one row's sign
     flipped) must not."""
-    from mingpt_rlhf.machinery.checkpoint import load_resume_state, resume_state
+    from mingpt_rlhf.stages import load_resume_state, resume_state
     from mingpt_rlhf.machinery.runtime import hold_frozen_in
     _, adapted = model_with_lora()
     saved = resume_state(hold_frozen_in(copy.deepcopy(adapted), torch.bfloat16))
@@ -110,12 +110,13 @@ def test_base_checksum_is_the_same_whatever_dtype_holds_the_base():
 def test_merged_weights_are_built_on_the_cpu_and_only_by_rank_0(monkeypatch):
     """Checkpoints hold merged weights; under torchrun only rank 0 writes, so the others build
     nothing (on 8 GPUs, 8 float32 copies of every adapted weight for one file)."""
-    from mingpt_rlhf.machinery import checkpoint, distributed, lora
+    from mingpt_rlhf import stages
+    from mingpt_rlhf.machinery import distributed
     _, adapted = model_with_lora()
-    assert all(t.device.type == "cpu" for t in checkpoint.weights_for_later_stages(adapted).values())
+    assert all(t.device.type == "cpu" for t in stages.weights_for_later_stages(adapted).values())
     monkeypatch.setattr(distributed, "rank", lambda: 1)
-    monkeypatch.setattr(lora, "merged_state_dict", lambda m: pytest.fail("merged on rank 1"))
-    assert checkpoint.weights_for_later_stages(adapted) == {}
+    monkeypatch.setattr(stages, "merged_state_dict", lambda m: pytest.fail("merged on rank 1"))
+    assert stages.weights_for_later_stages(adapted) == {}
 
 
 def test_the_output_layer_is_refused_as_a_target(tmp_path, capsys):

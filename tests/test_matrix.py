@@ -43,8 +43,8 @@ import train_dpo
 import train_ppo
 import train_rm
 import train_sft
-from mingpt_rlhf.machinery.metrics import read_metrics
-from mingpt_rlhf.machinery.plot import read_run
+from mingpt_rlhf.run.metrics import read_metrics
+from mingpt_rlhf.run.plot import read_run
 from test_scripts import TINY, Killed, kill_after_first_save
 
 BF16 = "bfloat16"

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from mingpt_rlhf.machinery.errors import UserError
-from mingpt_rlhf.machinery.metrics import MetricsLog, read_metrics
+from mingpt_rlhf.run.metrics import MetricsLog, read_metrics
 
 ROWS = [{"step": 0, "time": 0.1, "loss": 3.0}, {"step": 10, "time": 1.0, "loss": 2.0},
         {"step": 20, "time": 2.0, "loss": 1.5}, {"step": 20, "time": 2.1, "split": "eval", "eval_loss": 1.6}]
@@ -32,7 +32,7 @@ def test_resume_drops_a_half_written_last_line_and_goes_on(tmp_path, capsys):
 
 
 def test_plot_reads_a_run_whose_last_line_is_cut(tmp_path):
-    from mingpt_rlhf.machinery.plot import read_run
+    from mingpt_rlhf.run.plot import read_run
     write(tmp_path, whole(ROWS) + '{"step": 30, "ti')
     stage, train, evals = read_run(str(tmp_path))
     assert stage == "sft" and len(train) == 3 and len(evals) == 1

@@ -83,7 +83,7 @@ def test_vocabulary_rows_are_padded_but_never_returned():
 
 
 def test_a_state_dict_from_before_the_padding_still_loads(tiny_gpt):
-    from mingpt_rlhf.machinery.checkpoint import load_state_dict_checked
+    from mingpt_rlhf.model import load_state_dict_checked
     old = dict(tiny_gpt.state_dict())
     old["transformer.wte.weight"] = old["transformer.wte.weight"][:17].clone()  # unpadded
     fresh = GPT(tiny_gpt.config).eval()

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mingpt_rlhf.machinery import plot
+from mingpt_rlhf.run import plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -27,11 +27,11 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     # the phases are where they should be: the loop in the iteration, the rest around it
     assert {("train_ppo.py", "main"), ("mingpt_rlhf/ppo_trainer.py", "PPOTrainer.step"),
             ("mingpt_rlhf/ppo.py", "gae")} <= listed["iteration"]
-    assert ("mingpt_rlhf/machinery/rl_options.py", "check_config") in listed["set-up"]
-    assert ("mingpt_rlhf/machinery/rollouts.py", "RolloutRecorder.record") in listed["eval"]
+    assert ("mingpt_rlhf/run/rl_options.py", "check_config") in listed["set-up"]
+    assert ("mingpt_rlhf/run/rollouts.py", "RolloutRecorder.record") in listed["eval"]
     assert ("mingpt_rlhf/machinery/checkpoint.py", "save_checkpoint") in listed["end"]
     # no other method on the default path; from the lab only the reward-hacking monitor,
-    # which the run's watcher calls (machinery/watch.py: one named call)
+    # which the run's watcher calls (run/watch.py: one named call)
     on_path = set(result["files"]["iteration"])
     assert not {f for f in on_path if f.startswith("mingpt_rlhf/methods/")}, on_path
     assert {f for f in on_path if f.startswith("mingpt_rlhf/lab/")} <= {"mingpt_rlhf/lab/hacking.py"}
@@ -41,7 +41,7 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     assert tables["losses.POLICY_LOSSES['token']"] == "_token_ratio"
     assert tables["losses.ADVANTAGES['gae']"] == "_gae" and not any("'loss'" in t for t in tables)
     parts = result["phases"]["iteration"]["parts"]
-    assert set(parts) <= {"iteration", "chapters", "machinery", "lab"}, parts
+    assert set(parts) <= {"iteration", "chapters", "machinery", "run", "lab"}, parts
     by_file = sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"])
     files = ", ".join(f"{name} {f['lines']}" for name, f in by_file)
     assert parts["iteration"] <= BUDGET, (

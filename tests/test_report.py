@@ -12,9 +12,9 @@ import torch
 
 import train_ppo
 from conftest import copy_run
-from mingpt_rlhf.machinery import report
-from mingpt_rlhf.machinery.metrics import read_metrics
-from mingpt_rlhf.machinery.rollouts import RolloutRecorder, rounded, token_texts
+from mingpt_rlhf.run import report
+from mingpt_rlhf.run.metrics import read_metrics
+from mingpt_rlhf.run.rollouts import RolloutRecorder, rounded, token_texts
 from mingpt_rlhf.tokenizer import WordTokenizer
 from test_scripts import killed_after_first_save, ppo_cfg
 from test_wiring import build_trainer, ppo_config, random_prompts
@@ -221,7 +221,7 @@ def test_updates_that_took_no_step_are_counted_and_warned():
 
 
 def test_stretches_of_a_stuck_run_are_counted_and_warned():
-    """`stuck` is logged each iteration (machinery/watch.py); the closing lines count each
+    """`stuck` is logged each iteration (run/watch.py); the closing lines count each
     stretch that reached STUCK_AFTER, from its first iteration."""
     S = report.STUCK_AFTER
     stuck = [0, 1, 2] + list(range(1, S + 3)) + [0] + list(range(1, S)) + [0] + list(range(1, S + 1))
@@ -241,7 +241,7 @@ def test_the_kl_legend_says_what_the_penalty_charges_for_the_runs_placement(ppo_
     the reward by default. With --kl_in loss it charges the k3 estimate per token, in the loss;
     another --kl_estimator is named with its formula; a run of unknown options is told both
     defaults. A run's page carries its own sentence (the PPO run's KL is k1 in the reward),
-    which machinery/report.js appends to the KL legend."""
+    which run/report.js appends to the KL legend."""
     in_reward = report.kl_legend({"kl_in": "reward", "kl_estimator": "k1"})
     assert "beta x the k1 estimate of each token, this number itself, in the reward" in in_reward
     assert "k3" not in in_reward and report.kl_legend({"kl_in": "reward"}) == in_reward
@@ -371,7 +371,7 @@ def test_the_page_runs_in_chromium_without_an_error(ppo_run, grpo_episodes, tmp_
 def test_a_resumed_run_that_no_longer_records_still_cuts_the_killed_runs_lines(tmp_path):
     """Resumed with --record_rollouts 0, the lines the killed run wrote past the checkpoint
     would otherwise stay and show in the report as if this run had made them."""
-    from mingpt_rlhf.machinery.rollouts import RolloutRecorder
+    from mingpt_rlhf.run.rollouts import RolloutRecorder
     path = tmp_path / "rollouts.jsonl"
     path.write_text("".join(json.dumps({"step": s, "tokens": []}) + "\n" for s in (0, 20, 40)))
     RolloutRecorder(str(tmp_path), 0, tokenizer=None, resume_step=20)

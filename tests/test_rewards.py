@@ -11,7 +11,7 @@ import torch
 import train_ppo
 from conftest import left_pad
 from mingpt_rlhf.machinery.errors import UserError
-from mingpt_rlhf.machinery.metrics import read_metrics
+from mingpt_rlhf.run.metrics import read_metrics
 from mingpt_rlhf.rewards import TextReward, check_scores, load_function
 from mingpt_rlhf.tokenizer import WordTokenizer
 from test_bad_input import exits_2

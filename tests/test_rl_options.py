@@ -9,7 +9,7 @@ import pytest
 import conftest
 import train_ppo
 from mingpt_rlhf.machinery.errors import UserError
-from mingpt_rlhf.machinery.rl_options import READ_ONLY_WITH, default_of
+from mingpt_rlhf.run.rl_options import READ_ONLY_WITH, default_of
 
 ONLINE_DPO = {"algo": "online_dpo"}
 

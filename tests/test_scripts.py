@@ -125,7 +125,7 @@ def test_rm_of_another_size_is_normalised_on_the_policys_samples(stages, tmp_pat
     mean 0 and std 1 on the policy's samples (those PPO will score), not on its own SFT's."""
     import train_rm
     import train_sft
-    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.stages import load_policy, load_reward_model
     from mingpt_rlhf.machinery.runtime import autocast
     from mingpt_rlhf.tasks import get_task
     root = stages[0]
@@ -589,7 +589,7 @@ def test_dpo_runs_logs_its_figures_and_resumes_exactly(stages, dpo_run, tmp_path
     assert a["stage"] == "dpo"
     assert_same_weights(a["model"], b["model"])
     # a policy checkpoint: loads as the start of a later stage
-    from mingpt_rlhf.machinery.checkpoint import load_policy
+    from mingpt_rlhf.stages import load_policy
     load_policy(str(straight))
 
 

@@ -1,4 +1,4 @@
-"""A run that stopped learning says so (machinery/watch.py): `stuck` counts the iterations in a
+"""A run that stopped learning says so (run/watch.py): `stuck` counts the iterations in a
 row without a reward signal while the reward is below the SFT policy's level (the mean of the
 first iterations), or, in a run whose every group has tied since its first iteration, below the
 most an episode can return; one line is printed when it reaches STUCK_AFTER. A run that
@@ -6,7 +6,7 @@ converged at or above its SFT level is never called stuck, however its batch rew
 import random
 from types import SimpleNamespace
 
-from mingpt_rlhf.machinery.watch import SFT_ITERATIONS, STUCK_AFTER, RunWatch
+from mingpt_rlhf.run.watch import SFT_ITERATIONS, STUCK_AFTER, RunWatch
 from mingpt_rlhf.methods.env_guess import GuessNumber
 from mingpt_rlhf.ppo import AdaptiveKLController, FixedKLController
 

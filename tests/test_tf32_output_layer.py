@@ -6,7 +6,7 @@ import torch
 from conftest import exits_2
 from mingpt_rlhf.logprobs import lm_logprobs
 from mingpt_rlhf.machinery import runtime
-from mingpt_rlhf.machinery.decode_graphs import what_a_graph_reads
+from mingpt_rlhf.decode_graphs import what_a_graph_reads
 from mingpt_rlhf.model import GPT, GPTConfig
 
 

@@ -196,7 +196,7 @@ def test_steps_we_do_not_implement_are_refused(tmp_path, change, words):
 
 
 def test_an_unknown_chat_template_loads_but_refuses_conversations(tmp_path):
-    from mingpt_rlhf.chat import prompt_text
+    from mingpt_rlhf.machinery.chat import prompt_text
     folder = shutil.copytree(os.path.join(FIXTURES, "qwen3"), tmp_path / "tok")
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = "{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}"

@@ -501,7 +501,7 @@ def test_a_tiny_reward_model_prefers_the_chosen_side(stages, preference_files, t
     the rejected kind in more than 80 % of 128 pairings (measured 94 to 98 %). Reading the
     sides swapped anywhere (file, PairData, the loss's split) fails one or the other."""
     import train_rm
-    from mingpt_rlhf.machinery.checkpoint import load_policy, load_reward_model
+    from mingpt_rlhf.stages import load_policy, load_reward_model
     from test_scripts import rm_cfg
     root, _, _ = stages
     train, held_out = preference_files
@@ -525,7 +525,7 @@ def test_dpo_raises_the_chosen_sides_implicit_reward(stages, preference_files, t
     kind in more than 80 % of them (measured 98 to 100 % over three seeds), with a DPO loss
     below log 2 - 0.05 (measured 0.36 to 0.57)."""
     import train_dpo
-    from mingpt_rlhf.machinery.checkpoint import load_policy
+    from mingpt_rlhf.stages import load_policy
     from test_scripts import read_metrics
     root, _, _ = stages
     train, held_out = preference_files

@@ -43,7 +43,8 @@ import os
 import torch
 import torch.nn as nn
 
-from ..machinery.checkpoint import load_checkpoint, reward_model_from
+from ..machinery.checkpoint import load_checkpoint
+from ..stages import reward_model_from
 from ..machinery.errors import UserError
 from ..rewards import ModelReward
 from ..tokenizer import same_tokenizer, tokenizer_from_state

@@ -88,7 +88,7 @@ def measure(args) -> dict:
     """pass@k of `args.policy` on the task's first held-out problems (the CLI's options)."""
     from tqdm import tqdm
 
-    from ..machinery.checkpoint import load_policy
+    from ..stages import load_policy
     from ..machinery.errors import UserError
     from ..tasks import get_task
     if args.n < 1 or args.problems < 1 or any(not 1 <= k <= args.n for k in args.k):

@@ -1,10 +1,11 @@
-"""Checkpoints: atomic save, load with clear errors, and the RNG state for exact resume.
+"""Checkpoints as files: atomic save, load with clear errors, and the RNG state for exact resume.
 
 A checkpoint is one `torch.save`d dict. What goes in it is up to each script (model weights,
 model config, tokenizer, optimizer, step, RNG state, its own config); this file only makes
-sure that (1) a killed run never leaves a half-written file: we write a temporary file in the
-same folder and `os.replace` it over the old one, which is atomic on POSIX and Windows; and
-(2) loading a checkpoint into a model of another shape says which tensor does not fit.
+sure that a killed run never leaves a half-written file: we write a temporary file in the
+same folder and `os.replace` it over the old one, which is atomic on POSIX and Windows. How a
+checkpoint becomes models again (and which tensor does not fit one of another shape):
+mingpt_rlhf/stages.py.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import numpy as np
 import torch
 
 from .errors import UserError
-from ..model import load_state_dict_checked
 
 
 # what each stage's checkpoint holds and which script wrote it (the "stage" key of a checkpoint)
@@ -86,50 +86,6 @@ def resume_checkpoint(out_dir: str, resume: bool, stage: str):
                         f"{describe_stage(stage)}; resume it with the script that wrote it, "
                         f"or pass another --out_dir")
     return path, ckpt
-
-
-def weights_for_later_stages(module: torch.nn.Module) -> dict:
-    """The state dict later stages (and sampling) load: with LoRA, the adapters merged in
-    (on the CPU). Under torchrun only rank 0 writes checkpoints, so the other ranks build
-    nothing (an empty dict)."""
-    from .distributed import is_main
-    from .lora import has_lora, merged_state_dict
-    if not is_main():
-        return {}
-    return merged_state_dict(module) if has_lora(module) else module.state_dict()
-
-
-def resume_state(module: torch.nn.Module) -> dict:
-    """What --resume restores of a trained module: its whole state, or with LoRA only what
-    trains (adapters, heads) and a fingerprint of the frozen base, which a resumed run
-    rebuilds from where it came from."""
-    from .lora import base_checksums, has_lora, trainable_state_dict
-    if has_lora(module):
-        return {"lora": trainable_state_dict(module), "base_checksums": base_checksums(module)}
-    return {"state": module.state_dict()}
-
-
-def load_resume_state(module: torch.nn.Module, saved: dict, where: str) -> None:
-    """Restore what `resume_state` saved into a module built as the first run built it."""
-    from .lora import base_checksums, has_lora, same_base, trainable_state_dict
-    if "state" in saved:
-        if has_lora(module):
-            raise UserError(f"{where} was written by a run without LoRA; resume without "
-                            f"--lora_rank")
-        load_state_dict_checked(module, saved["state"], where)
-        return
-    if not has_lora(module):
-        raise UserError(f"{where} was written by a LoRA run; resume with the same --lora_rank")
-    own = trainable_state_dict(module)
-    if set(own) != set(saved["lora"]) or any(own[k].shape != saved["lora"][k].shape for k in own):
-        raise UserError(f"{where}: the adapters do not fit this model; resume with the same "
-                        f"--lora_rank and --lora_targets")
-    # the checksums are of the bases as loaded, before they were cast to the autocast dtype;
-    # checkpoints written before them ("base_fingerprint", taken after the cast) resume unchecked
-    if "base_checksums" in saved and not same_base(base_checksums(module), saved["base_checksums"]):
-        raise UserError(f"{where}: the frozen base weights differ from the ones this LoRA run "
-                        f"started from (was the SFT or RM checkpoint retrained?); start anew")
-    module.load_state_dict(saved["lora"], strict=False)
 
 
 def rng_state() -> dict:
@@ -206,67 +162,3 @@ def restore_rank_rng(ckpt: dict, where: str, **generators) -> None:
         print(f"note: {where} was written on another kind of device (CPU / CUDA); its random "
               f"streams of that device were reseeded, so from here the run samples other "
               f"tokens than it would have there")
-
-
-def reward_model_from(ckpt: dict, path: str, tokenizer=None, policy_from: str = ""):
-    """The frozen RewardModel (eval mode, dropout off, no gradients) saved in a train_rm.py
-    checkpoint already loaded from `path`. Another stage's checkpoint is refused, and so is a
-    reward model whose tokenizer differs from `tokenizer` (the policy's, from `policy_from`)."""
-    from ..heads import RewardModel
-    from ..model import GPTConfig, build_empty
-    from ..tokenizer import same_tokenizer, tokenizer_from_state
-    if ckpt.get("stage") != "rm":
-        raise UserError(f"{path} is not a reward model (it holds "
-                        f"{describe_stage(ckpt.get('stage'))}); pass the folder train_rm.py wrote")
-    if tokenizer is not None and not same_tokenizer(tokenizer, tokenizer_from_state(ckpt["tokenizer"])):
-        raise UserError(f"the reward model in {path} uses another tokenizer than the policy from "
-                        f"{policy_from}; train the RM from the same SFT checkpoint (--sft_dir)")
-    rm = build_empty(lambda: RewardModel(GPTConfig(**ckpt["model_config"])))
-    # frozen: the weights are the checkpoint's own tensors (pages of the file when mapped)
-    load_state_dict_checked(rm, ckpt["model"], path, assign=True)
-    rm.gpt.set_dropout(0.0)
-    return rm.eval().requires_grad_(False)
-
-
-def load_reward_model(rm_dir: str, tokenizer=None, policy_from: str = ""):
-    """`reward_model_from` the checkpoint in `rm_dir`."""
-    path = os.path.join(rm_dir, "ckpt.pt")
-    return reward_model_from(load_checkpoint(path, "reward model checkpoint",
-                                             "run train_rm.py first or pass --rm_dir", mmap=True),
-                             path, tokenizer, policy_from)
-
-
-def load_policy(sft_dir: str, init_from: str = "", flag: str = "--sft_dir", frozen: bool = False):
-    """The policy a later stage starts from, and its tokenizer: the SFT checkpoint in `sft_dir`,
-    or published weights when `init_from` names a model or folder (skipping SFT): GPT-2, or a
-    folder of Llama 3 / SmolLM2, Qwen2 / 2.5 or Qwen3 (`GPT.from_pretrained`).
-
-    Returns (GPT in eval mode with dropout off, tokenizer, origin), where origin records where
-    the weights came from (saved in the next checkpoint). Only the weights are read from the
-    checkpoint (it is memory-mapped; its optimizer state stays on disk). `frozen=True` (a
-    reference model, no gradients) keeps them as pages of the file instead of copying them."""
-    from ..model import GPT, GPTConfig, build_empty
-    from ..tokenizer import BPETokenizer, tokenizer_from_state
-    if init_from:
-        tokenizer = BPETokenizer.from_pretrained(init_from)
-        model = GPT.from_pretrained(init_from, vocab_size=tokenizer.vocab_size)
-        origin = {"init_from": init_from}
-    else:
-        path = os.path.join(sft_dir, "ckpt.pt")
-        sft = (load_checkpoint(path, "SFT checkpoint", "run train_sft.py first or pass --sft_dir",
-                               mmap=True)
-               if flag == "--sft_dir" else
-               load_checkpoint(path, "checkpoint", f"pass {flag} the folder of a trained policy",
-                               mmap=True))
-        if sft.get("stage") == "rm":
-            raise UserError(f"{path} is a reward model, not a policy: pass the folder of an SFT, "
-                            f"PPO, GRPO, RLOO or DPO run")
-        tokenizer = tokenizer_from_state(sft["tokenizer"])
-        model = build_empty(lambda: GPT(GPTConfig(**sft["model_config"])))
-        load_state_dict_checked(model, sft["model"], path, assign=frozen)
-        origin = {"path": os.path.abspath(path), "step": sft["step"]}
-        del sft  # the rest of the checkpoint (optimizer state, ...) is never read
-    model.set_dropout(0.0)
-    if frozen:
-        model.requires_grad_(False)
-    return model.eval(), tokenizer, origin

@@ -14,7 +14,7 @@ file; docs/families.md). A family here is two things:
   tensor the configured model has no place for is refused. q_proj, k_proj and v_proj are
   stacked into our c_attn, gate_proj and up_proj into c_fc (one matmul each).
 The same two, read backwards, write our GPT as such a folder (`family_hparams`,
-`ours_to_family`; machinery/export.py).
+`ours_to_family`; run/export.py).
 
 The embedding. `vocab_size` in config.json is the embedding's rows; the tokenizer may have
 fewer ids (Qwen: 151,936 rows, 151,665 ids in Qwen2.5's tokenizer and 151,669 in Qwen3's). Our
@@ -254,7 +254,7 @@ def tokenizer_id_count(folder: str) -> int | None:
         raise UserError(f"cannot count the ids of {path} ({e}); fix or remove the file") from None
 
 
-# ---- backwards: our GPT -> a Hugging Face folder (machinery/export.py) -----------------------
+# ---- backwards: our GPT -> a Hugging Face folder (run/export.py) -----------------------
 
 def family_of(config) -> str:
     """The family whose layout a GPTConfig of rotary positions, RMSNorm and SwiGLU has: q/k/v

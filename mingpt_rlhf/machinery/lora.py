@@ -95,9 +95,8 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS)
         raise UserError(f"--lora_targets {','.join(unknown)} names no Linear layer of this "
                         f"model's blocks{hint}; choose among {','.join(valid)}")
     model.requires_grad_(False)
-    model.lora_base_checksum = base_fingerprint(model)  # before any cast (checkpoint.resume_state)
-    from ..model import Block
-    for block in [m for m in model.modules() if isinstance(m, Block)]:
+    model.lora_base_checksum = base_fingerprint(model)  # before any cast (stages.resume_state)
+    for block in blocks_of(model):
         for parent in list(block.modules()):
             for name, child in list(parent.named_children()):
                 if name in targets and isinstance(child, nn.Linear):
@@ -105,11 +104,17 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets=DEFAULT_TARGETS)
     return sum(isinstance(m, LoRALinear) for m in model.modules())
 
 
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of `model` (a GPT, or a head on one): the modules that hold an
+    attention and an MLP (model.Block, known by its parts so that LoRA needs no import of the
+    model)."""
+    return [m for m in model.modules() if hasattr(m, "attn") and hasattr(m, "mlp")]
+
+
 def target_names(model: nn.Module) -> list[str]:
     """The names --lora_targets may give: the Linear layers inside the model's blocks (c_attn,
     c_fc, c_proj for GPT-2 and for each of today's families alike)."""
-    from ..model import Block
-    return sorted({name.rsplit(".", 1)[-1] for block in model.modules() if isinstance(block, Block)
+    return sorted({name.rsplit(".", 1)[-1] for block in blocks_of(model)
                    for name, m in block.named_modules() if isinstance(m, nn.Linear)})
 
 

@@ -246,7 +246,7 @@ def gpt2_to_ours(raw: dict[str, torch.Tensor], path: str) -> tuple[dict, dict]:
 
 
 def ours_to_gpt2(state: dict, config, rows: int) -> dict:
-    """`gpt2_to_ours` backwards, for an export (machinery/export.py): our state dict of GPT-2's
+    """`gpt2_to_ours` backwards, for an export (run/export.py): our state dict of GPT-2's
     layout under the names transformers' GPT2LMHeadModel saves, the Conv1D weights transposed
     back to (in, out), the embedding cut to its first `rows`. The output layer is the
     embedding (tied), so it is not written. A model without biases (`bias=False`) gets zero

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..chat import format_of_template
+from .chat import format_of_template
 from .byte_level import GPT2_REGEX, byte_to_unicode
 from .errors import UserError
 

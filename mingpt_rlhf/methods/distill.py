@@ -64,8 +64,8 @@ def load_teacher(cfg, tokenizer, device):
     """The teacher policy of `--teacher_dir`, frozen, on `device`: a model of its own (with
     LoRA the reference would be the student with its adapters off, which is no teacher). Its
     tokenizer must be the student's: the rewards compare the two models' log-probs of the same
-    ids. A reward model's folder is refused (checkpoint.load_policy)."""
-    from ..machinery.checkpoint import load_policy
+    ids. A reward model's folder is refused (stages.load_policy)."""
+    from ..stages import load_policy
     from ..tokenizer import same_tokenizer
     if not cfg.teacher_dir:
         raise UserError("--algo distill needs --teacher_dir, the folder of the teacher policy (a "

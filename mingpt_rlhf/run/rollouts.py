@@ -5,7 +5,7 @@ it went, look at single responses: which tokens the advantage credited or charge
 policy moved away from the reference (the KL), what the critic expected (the value). At every
 eval a run records the same few held-out prompts (the first `count` of the eval; with an
 environment, the episodes of seeds 0 .. count - 1), so a prompt can be followed from the
-first eval to the last. `python -m mingpt_rlhf.machinery.report RUN_DIR` draws them (machinery/report.py).
+first eval to the last. `python -m mingpt_rlhf.run.report RUN_DIR` draws them (run/report.py).
 
 Nothing is computed twice: the numbers are those of the eval's own Experience, made by the
 trainer as training makes it (`PPOTrainer.make_experience` / `play`):
@@ -53,7 +53,7 @@ import time
 
 import torch
 
-from .errors import UserError
+from ..machinery.errors import UserError
 from ..losses import GROUP_ALGOS, GROUP_BASELINES, token_weights
 from ..methods.online_dpo import pair_rows, row_signs
 from .metrics import restart_log
@@ -90,7 +90,7 @@ class RolloutRecorder:
 
     def __init__(self, out_dir: str, count: int, tokenizer, seed: int = 0, task=None,
                  env_class=None, resume_step: int | None = None):
-        from .distributed import is_main
+        from ..machinery.distributed import is_main
         self.path = os.path.join(out_dir, "rollouts.jsonl")
         self.count = count if is_main() else 0
         self.tokenizer, self.seed, self.task, self.env_class = tokenizer, seed, task, env_class

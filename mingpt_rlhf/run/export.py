@@ -1,8 +1,8 @@
 """Out: a trained policy as a Hugging Face folder, which transformers loads as the model it came
 from (and so can the tools that read such folders), with our logits.
 
-    python -m mingpt_rlhf.machinery.export out/ppo out/ppo_hf
-    python -m mingpt_rlhf.machinery.export out/q3/grpo out/q3/grpo_hf --dtype bfloat16
+    python -m mingpt_rlhf.run.export out/ppo out/ppo_hf
+    python -m mingpt_rlhf.run.export out/q3/grpo out/q3/grpo_hf --dtype bfloat16
 
 Any policy checkpoint: SFT, PPO, GRPO, RLOO, REINFORCE++, online DPO, DPO, distillation; full
 fine-tuning or LoRA (a checkpoint's "model" holds the merged weights: machinery/lora.py). A
@@ -53,8 +53,8 @@ import tempfile
 
 import torch
 
-from .cli import OneLineParser
-from .errors import UserError
+from ..machinery.cli import OneLineParser
+from ..machinery.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 USAGE = "pass the out_dir of a policy run (train_sft.py, train_ppo.py, train_dpo.py)"
@@ -65,7 +65,7 @@ def load_policy_checkpoint(path: str):
     ckpt.pt). The weights stay pages of the memory-mapped file; nothing else is read."""
     from ..model import GPT, GPTConfig, build_empty, load_state_dict_checked
     from ..tokenizer import tokenizer_from_state
-    from .checkpoint import describe_stage, load_checkpoint
+    from ..machinery.checkpoint import describe_stage, load_checkpoint
     if not os.path.exists(path):
         raise UserError(f"no folder or file {path}; {USAGE}")
     ckpt_path = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
@@ -114,9 +114,9 @@ def tokenizer_files(tokenizer) -> dict[str, str]:
 def hf_folder(model, tokenizer, dtype: str = "float32") -> tuple[dict, dict, dict[str, str]]:
     """What the folder holds: (config.json, the weights by their names, the other files by name
     -> text)."""
-    from .families import family_hparams, ours_to_family
-    from .lora import has_lora, merged_state_dict
-    from .pretrained import gpt2_hparams, ours_to_gpt2
+    from ..machinery.families import family_hparams, ours_to_family
+    from ..machinery.lora import has_lora, merged_state_dict
+    from ..machinery.pretrained import gpt2_hparams, ours_to_gpt2
     config = model.config
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(f"the tokenizer has {tokenizer.vocab_size} ids but the model "
@@ -142,7 +142,7 @@ def hf_folder(model, tokenizer, dtype: str = "float32") -> tuple[dict, dict, dic
 def export(model, tokenizer, out_dir: str, overwrite: bool = False, dtype: str = "float32") -> list[str]:
     """Write `model` (our GPT, LoRA adapters merged if it has any) and `tokenizer` as a Hugging
     Face folder `out_dir`, atomically. Returns the files' names."""
-    from .pretrained import write_safetensors
+    from ..machinery.pretrained import write_safetensors
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     hparams, tensors, files = hf_folder(model, tokenizer, dtype)
@@ -199,7 +199,7 @@ def write_folder(out_dir: str, writers: dict, overwrite: bool) -> None:
 
 
 def build_parser() -> OneLineParser:
-    ap = OneLineParser(prog="python -m mingpt_rlhf.machinery.export", description=__doc__,
+    ap = OneLineParser(prog="python -m mingpt_rlhf.run.export", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ckpt_dir", help="the out_dir of a policy run (or its ckpt.pt)")
     ap.add_argument("out_dir", help="the folder to write (new, or empty)")
@@ -217,8 +217,8 @@ def main(argv=None) -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from .checkpoint import describe_stage
-    from .families import family_of
+    from ..machinery.checkpoint import describe_stage
+    from ..machinery.families import family_of
     config = model.config
     layout = "gpt2" if config.rope_theta is None else family_of(config)
     print(f"wrote {args.out_dir} ({layout}, {args.dtype}) from {describe_stage(stage)}: {', '.join(names)}")

@@ -1,7 +1,7 @@
 """The run report: one HTML page that shows an RL run from its curves down to single tokens.
 
-    python -m mingpt_rlhf.machinery.report out/ppo                      # writes out/ppo/report.html
-    python -m mingpt_rlhf.machinery.report out/ppo out/grpo --out rl.html   # several runs overlaid
+    python -m mingpt_rlhf.run.report out/ppo                      # writes out/ppo/report.html
+    python -m mingpt_rlhf.run.report out/ppo out/grpo --out rl.html   # several runs overlaid
 
 The page is one self-contained file (its CSS, JavaScript and data inline, pictures drawn as
 SVG by the page itself): open it from disk in any browser, no server and no network. It shows
@@ -10,7 +10,7 @@ SVG by the page itself): open it from disk in any browser, no server and no netw
    held-out figures of the SFT policy (the eval at step 0) against the trained policy's;
 2. the curves of metrics.jsonl: reward and gold, KL and its coefficient, entropy, clipfrac and
    approx-KL, response length, the seconds of each phase; values on hover, runs overlaid;
-3. the token view, from rollouts.jsonl (machinery/rollouts.py): every recorded response with each token
+3. the token view, from rollouts.jsonl (run/rollouts.py): every recorded response with each token
    coloured by the quantity the reader picks (advantage, weight in the update, KL, value,
    entropy, reward), all its numbers on hover; one prompt at the first, middle and last eval side by side; an
    environment's tokens marked as such; and a legend saying what the colours mean and what a
@@ -32,8 +32,8 @@ import math
 import os
 import sys
 
-from .cli import OneLineParser
-from .errors import UserError
+from ..machinery.cli import OneLineParser
+from ..machinery.errors import UserError
 from .watch import STUCK_AFTER
 from ..losses import default_kl_estimator
 from .metrics import read_metrics
@@ -61,7 +61,7 @@ def update_counts(rows: list[dict]) -> dict:
     dynamic sampling kept no group, or every loss was non-finite). An idle update is an
     iteration the run did not learn from. `stuck`: [first iteration, length] of each stretch of
     STUCK_AFTER or more iterations without a reward signal, below the SFT level
-    (machinery/watch.py)."""
+    (run/watch.py)."""
     train = [r for r in rows if "minibatch_steps" in r and "split" not in r and not r.get("final")]
     stuck = []  # [first iteration, length] of each stretch of STUCK_AFTER or more
     for r in train:
@@ -103,7 +103,7 @@ def cut_short(path: str) -> bool:
 
 def run_options(folder: str) -> dict | None:
     """The options the run was started with, from its checkpoint (None when it has none)."""
-    from .checkpoint import load_checkpoint
+    from ..machinery.checkpoint import load_checkpoint
     path = os.path.join(folder, "ckpt.pt")
     if not os.path.isfile(path):
         return None
@@ -198,7 +198,7 @@ def embedded_json(data) -> str:
 
 def page(runs: list[dict]) -> str:
     """The HTML of the report of `runs` (`read_report_run`): the page's CSS and script
-    (machinery/report.css, machinery/report.js, beside this file) inline, the runs as embedded JSON."""
+    (run/report.css, run/report.js, beside this file) inline, the runs as embedded JSON."""
     with open(os.path.join(HERE, "report.css"), encoding="utf-8") as f:
         css = f.read()
     with open(os.path.join(HERE, "report.js"), encoding="utf-8") as f:
@@ -235,7 +235,7 @@ def write_report(folders: list[str], out_path: str = "") -> str:
 def report_of_run(out_dir: str) -> str | None:
     """The RL script's end-of-run report, out_dir/report.html, and its path printed; a
     problem is one printed note (the run itself is done and saved)."""
-    from .distributed import is_main
+    from ..machinery.distributed import is_main
     if not is_main():
         return None
     try:
@@ -248,7 +248,7 @@ def report_of_run(out_dir: str) -> str | None:
 
 
 def build_parser() -> OneLineParser:
-    ap = OneLineParser(prog="python -m mingpt_rlhf.machinery.report", description=__doc__,
+    ap = OneLineParser(prog="python -m mingpt_rlhf.run.report", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of RL runs (train_ppo.py)")
     ap.add_argument("--out", default="", help="the HTML file to write (default: report.html in "

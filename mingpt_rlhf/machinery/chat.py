@@ -39,14 +39,14 @@ is the rendered conversation up to and including the next answer's header (the "
 prompt"); an earlier answer in it is written with its end-of-turn token's text, which the
 tokenizer reads back as that token.
 
-Try it:  python -c "from mingpt_rlhf.chat import ChatFormat, prompt_text; print(prompt_text(ChatFormat('chatml', '<|im_end|>'), [('user', 'Hi')]))"
+Try it:  python -c "from mingpt_rlhf.machinery.chat import ChatFormat, prompt_text; print(prompt_text(ChatFormat('chatml', '<|im_end|>'), [('user', 'Hi')]))"
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from .machinery.errors import UserError
+from .errors import UserError
 
 ROLES = ("system", "user", "assistant")
 EMPTY_THINK = "<think>\n\n</think>\n\n"

@@ -1,7 +1,7 @@
 """Curves of training runs from their metrics.jsonl: one figure, several runs overlaid.
 
-    python -m mingpt_rlhf.machinery.plot out/sft out/rm out/ppo --out curves.png
-    python -m mingpt_rlhf.machinery.plot out/ppo out/grpo out/rloo       # runs of one stage, overlaid
+    python -m mingpt_rlhf.run.plot out/sft out/rm out/ppo --out curves.png
+    python -m mingpt_rlhf.run.plot out/ppo out/grpo out/rloo       # runs of one stage, overlaid
 
 Each run's stage is read from its metrics (SFT, RM, RL for PPO / GRPO / RLOO, DPO) and drawn
 on that stage's panels: training figures as lines against step, eval figures as marked points.
@@ -15,8 +15,8 @@ import math
 import os
 import sys
 
-from .cli import OneLineParser
-from .errors import UserError
+from ..machinery.cli import OneLineParser
+from ..machinery.errors import UserError
 from .metrics import read_metrics
 
 # stage -> panels; each panel: title and the (key, "train" | "eval") series it draws
@@ -121,7 +121,7 @@ def plot_runs(folders: list[str], out_path: str) -> str:
 def picture_of_run(out_dir: str) -> str | None:
     """The training scripts' end-of-run picture, out_dir/curves.png; None (and nothing drawn)
     without matplotlib, plots being optional, or with MINGPT_RLHF_PLOT=0 (the tests set it)."""
-    from .distributed import is_main
+    from ..machinery.distributed import is_main
     if os.environ.get("MINGPT_RLHF_PLOT", "1") == "0" or not is_main():
         return None
     try:
@@ -138,7 +138,7 @@ def picture_of_run(out_dir: str) -> str | None:
 
 
 def build_parser() -> OneLineParser:
-    ap = OneLineParser(prog="python -m mingpt_rlhf.machinery.plot", description=__doc__,
+    ap = OneLineParser(prog="python -m mingpt_rlhf.run.plot", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="out_dir folders of training runs (with metrics.jsonl)")
     ap.add_argument("--out", default="curves.png", help="the PNG to write (default: curves.png)")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from .cli import require_non_negative, require_positive
+from ..machinery.cli import require_non_negative, require_positive
 from ..lab.ensemble import COMBINE_CHOICES
-from .errors import UserError
-from .lora import check_lora_options
+from ..machinery.errors import UserError
+from ..machinery.lora import check_lora_options
 from ..losses import GROUP_ALGOS, TABLES
 from ..lab.offpolicy import MAX_LAG, OFFPOLICY, READS_CAP, resolved_offpolicy
 from ..ppo_trainer import resolve_auto_options

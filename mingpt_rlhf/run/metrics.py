@@ -4,8 +4,8 @@
   resumes) and the stage's figures, flushed at once so a killed run keeps everything it
   logged. On `--resume` the lines after the checkpoint's step are dropped, so the file reads
   as if the run had never stopped.
-- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.machinery.plot`
-  (and `python -m mingpt_rlhf.machinery.report`, which reads rollouts.jsonl, machinery/rollouts.py's log of
+- `read_metrics` reads the lines back for `--resume` and for `python -m mingpt_rlhf.run.plot`
+  (and `python -m mingpt_rlhf.run.report`, which reads rollouts.jsonl, run/rollouts.py's log of
   JSON lines, the same way; `restart_log` cuts both on `--resume`).
   A run killed while appending (or a full disk) can leave a half-written last line: it is
   dropped with a one-line note, since every line before it is whole. A broken line anywhere
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from .errors import UserError
+from ..machinery.errors import UserError
 
 
 def read_metrics(path: str, kind: str = "metrics file") -> list[dict]:
@@ -65,7 +65,7 @@ class MetricsLog:
     Under torchrun only rank 0 writes (the others log nothing, and get the entry back)."""
 
     def __init__(self, out_dir: str, resume_step: int | None = None, time_offset: float = 0.0):
-        from .distributed import is_main
+        from ..machinery.distributed import is_main
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.start = time.time() - time_offset
         self.writes = is_main()

@@ -21,9 +21,9 @@ import math
 import torch
 from tqdm import tqdm
 
-from .distributed import is_main, max_over_ranks
+from ..machinery.distributed import is_main, max_over_ranks
 from ..lab.hacking import HackingMonitor
-from .lora import adapters_disabled
+from ..machinery.lora import adapters_disabled
 from ..logprobs import CHUNK_ELEMENTS, tempered_log_softmax
 
 STUCK_AFTER = 10  # iterations without a reward signal, below the SFT level, before it says so

@@ -40,7 +40,7 @@ the graph owns, set from the caller's before and copied back after); the steps p
 EOS draw a few more, so the caller's generator ends elsewhere than after sampling.py's loop.
 tests/test_decode_graphs.py compares the two; on the CPU the step runs without a graph.
 
-Try it:  python -m mingpt_rlhf.machinery.decode_graphs
+Try it:  python -m mingpt_rlhf.decode_graphs
 """
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ import time
 
 import torch
 
-from ..logprobs import tempered_logprobs
-from ..model import KVCache, position_ids_from_mask, rotary_tables
-from ..sampling import _sample, next_token_logits, sample_next
-from .lora import LoRALinear
-from .runtime import cuda_matmul_switch
+from .logprobs import tempered_logprobs
+from .model import KVCache, position_ids_from_mask, rotary_tables
+from .sampling import _sample, next_token_logits, sample_next
+from .machinery.lora import LoRALinear
+from .machinery.runtime import cuda_matmul_switch
 
 CHECK_EVERY = 8  # tokens between two checks that every row has ended (one host sync each)
 BUCKET = 64      # buffer lengths are multiples of this: one graph serves prompts of many widths
@@ -277,8 +277,8 @@ class DecodeGraphs:
 
 
 if __name__ == "__main__":
-    from ..model import GPT, GPTConfig
-    from ..sampling import generate
+    from .model import GPT, GPTConfig
+    from .sampling import generate
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=2, n_head=2, n_embd=32))
     prompts, mask = torch.tensor([[0, 0, 5, 6], [3, 4, 5, 6]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
