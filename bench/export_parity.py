@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
 
-from parity_models import ATOL, LENGTHS, NEW_TOKENS, RTOL, TIE, build_reference, compare_greedy, save_case  # noqa: E402
+from parity_models import ATOL, LENGTHS, NEW_TOKENS, RTOL, TIE, batch, build_reference, compare_greedy, save_case  # noqa: E402
 from results_file import measured  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "export_parity.json")
@@ -175,18 +175,6 @@ def trained_checkpoint(name: str, case: dict, work: str, seed: int) -> str:
     train_sft.main(train_sft.Config(init_from=folder, data=write_data(work, case["family"] != "gpt2"),
                                     lora_rank=4 if case["train"] == "lora" else 0, **common))
     return out
-
-
-def batch(vocab: int, seed: int):
-    """Left-padded ids (B, T) of token ids below `vocab`, and the mask; pads hold id 0."""
-    g = torch.Generator().manual_seed(seed)
-    T = max(LENGTHS)
-    ids = torch.zeros(len(LENGTHS), T, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(LENGTHS):
-        ids[i, T - n:] = torch.randint(0, vocab, (n,), generator=g)
-        mask[i, T - n:] = 1
-    return ids, mask
 
 
 def theirs(folder: str, ids, mask, suppressed: list[int]) -> dict:

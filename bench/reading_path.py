@@ -389,6 +389,10 @@ def report(tracer: Tracer) -> dict:
         for name, f in files.get(phase, {}).items():
             parts[part_of(name)] = parts.get(part_of(name), 0) + f["lines"]
         phases[phase]["parts"] = dict(sorted(parts.items()))
+    body = {n: f for n, f in files.get("iteration", {}).items() if part_of(n) != "chapters"}
+    phases["iteration"]["loop_body"] = {  # the iteration, chapters aside: what LOOP_BODY_GOAL bounds
+        "lines": sum(f["lines"] for f in body.values()), "files": len(body),
+        "unrun_lines": sum(f["unrun_lines"] for f in body.values())}
     return {"functions": rows, "phases": phases, "files": files}
 
 
@@ -407,6 +411,8 @@ def record_row(cls, phases) -> dict:
             "lines": node.end_lineno - start + 1 - methods, "ran_lines": 0, "unrun_lines": []}
 
 
+# what the iteration's loop body should come to, chapters aside: a reader follows it in one sitting
+LOOP_BODY_GOAL = {"lines": 1100, "files": 12, "unrun_lines": 60}
 # the recipe's chapters that one iteration calls but that are not PPO's: the GPT, the
 # tokenizer, the data and the task (a reader learns them before PPO, as their own chapters)
 CHAPTERS = ("mingpt_rlhf/model.py", "mingpt_rlhf/tokenizer.py", "mingpt_rlhf/data.py",
@@ -579,6 +585,9 @@ def print_table(result: dict, top: int = 12) -> None:
           f"{it['docstring_lines']} of {it['new_files']} module docstrings; "
           f"{it['unrun_lines']} of those lines never ran")
     print("by part of the tree: " + ", ".join(f"{k} {v}" for k, v in it["parts"].items()))
+    body = it["loop_body"]
+    print("the loop body, chapters aside: " + ", ".join(
+        f"{body[k]} {k.replace('_', ' ')} (goal {LOOP_BODY_GOAL[k]})" for k in LOOP_BODY_GOAL))
     for name, f in sorted(result["files"]["iteration"].items(), key=lambda kv: -kv[1]["lines"]):
         print(f"\n{name:44s} {f['lines']:5d} lines ({f['docstring_lines']} docstring), "
               f"{f['functions']} functions, {f['unrun_lines']} unrun")

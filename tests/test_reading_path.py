@@ -16,6 +16,11 @@ from conftest import bench_module
 BUDGET = 948   # the goal; the iteration's own files measured 948 with the records they build counted (Experience, GenerationOutput: +33) and the LR schedule in optim.py (+14)
 TOTAL = 1612   # measured 2197 at d8d7665, 1912 at ff2f005, 1614 at 650ba27, 1621 with max_logratio; 1612 counting the records built on the path (+~90) after the warnings became a table, the hacking signals a table, distributed's one-process functions one line each, and the reference's Correction a plain pair
 
+# the loop body (chapters aside) is 1275 lines in 14 files against a goal of 1100 in 12: what is
+# over is the explanations of what each line does and the one-concept files (docs/testing.md);
+# the unrun lines meet theirs, at most 60 (50 measured)
+UNRUN = 60
+
 
 def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     reading_path = bench_module("reading_path")
@@ -53,6 +58,11 @@ def test_one_default_iteration_reads_within_the_budget(stages, tmp_path):
     assert lines >= 0.98 * TOTAL, (f"one default PPO iteration now enters {lines} lines: lower "
                                    f"TOTAL to {lines} (and rerun python bench/reading_path.py "
                                    f"for its JSON)")
+    body = result["phases"]["iteration"]["loop_body"]  # chapters aside, as the goal counts
+    assert body["lines"] == lines - parts.get("chapters", 0)
+    assert body["unrun_lines"] <= UNRUN, (
+        f"{body['unrun_lines']} lines of the loop body did not run at the defaults, more than "
+        f"{UNRUN}: python bench/reading_path.py lists the blocks (another method's branch?)")
 
 
 def load_module(tmp_path, name: str, source: str):
