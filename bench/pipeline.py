@@ -12,7 +12,11 @@
    standard error), RM score, well_formed, off_taste (well-formed responses that still use a
    negative or neutral adjective), distinct2, generated tokens per prompt, and each policy's LM loss on
    the held-out demonstrations (demo_loss).
-Writes bench/results/pipeline.json and prints it, and draws two pictures from the runs'
+4. Per PPO run, its logged per-iteration figures (KL, beta, clipfrac, approx-KL, explained
+   variance, entropy, minibatch steps, EOS rate, RM score, gold): 10th / 50th / 90th
+   percentiles over the first 20 and the last 100 iterations, and the mean of the last 20
+   (docs/details.md's healthy run, docs/results.md's KL-penalty paragraph).
+Writes bench/results/pipeline.json (with the revision it measured) and prints it, and draws two pictures from the runs'
 metrics (matplotlib): pipeline_ppo.png (the default PPO run: RM score and gold reward of each
 iteration's rollouts, and the KL against its target) and pipeline_kl0.png (the same beside
 `--kl_coef 0`: its RM score keeps rising while the gold reward falls). `--draw_only` redraws them.
@@ -30,11 +34,13 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import train_ppo  # noqa: E402
 import train_rm  # noqa: E402
 import train_sft  # noqa: E402
 from mingpt_rlhf.methods.bestofn import best_of_n  # noqa: E402
+from results_file import measured  # noqa: E402
 from mingpt_rlhf.stages import load_policy, load_reward_model  # noqa: E402,F401 (the benches share it)
 from mingpt_rlhf.data import SFTData  # noqa: E402
 from mingpt_rlhf.evaluate import distinct_n  # noqa: E402
@@ -95,6 +101,31 @@ def read_metrics(run_dir):
         rows = [json.loads(line) for line in f]
     return ([r for r in rows if "split" not in r and "final" not in r],
             [r for r in rows if r.get("split") == "eval"])
+
+
+# the per-iteration figures docs/details.md's "healthy run" table reads, per PPO run
+HEALTHY = ("kl", "kl_coef", "clipfrac", "approx_kl", "explained_var", "entropy",
+           "minibatch_steps", "eos_rate", "rm_score", "gold")
+
+
+def percentiles(values: list[float]) -> dict:
+    """The 10th, 50th and 90th percentiles (nearest rank)."""
+    s = sorted(values)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]
+    return {"p10": round(pick(0.1), 4), "p50": round(pick(0.5), 4), "p90": round(pick(0.9), 4)}
+
+
+def iteration_figures(run_dir: str) -> dict:
+    """Per figure of HEALTHY: its percentiles over the first 20 and the last 100 logged
+    iterations, and its mean over the last 20 (what a run's curves end at)."""
+    train, _ = read_metrics(run_dir)
+    out = {}
+    for key in HEALTHY:
+        values = [r[key] for r in train if key in r]
+        if values:
+            out[key] = {"first20": percentiles(values[:20]), "last100": percentiles(values[-100:]),
+                        "last20_mean": round(sum(values[-20:]) / len(values[-20:]), 4)}
+    return out
 
 
 def smooth(values, window=10):
@@ -208,13 +239,16 @@ def main():
         compared[name] = held_out_figures(r(run_dir), rm, task, prompts, n, args.seed, demos, demo_loss)
         print(name, compared[name], flush=True)
     results["compared"] = compared
+    results["iterations"] = {name: iteration_figures(r(name)) for name in PPO_RUNS
+                             if os.path.exists(os.path.join(r(name), "metrics.jsonl"))}
+    results["measured"] = measured(ROOT)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     path = os.path.join(ROOT, "bench", "results", "pipeline.json")
     if (args.skip_train or len(args.runs) < len(PPO_RUNS)) and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
         # keep the earlier figures of what this invocation did not re-run, and say which are new
-        for key in ("seconds", "compared"):
+        for key in ("seconds", "compared", "iterations"):
             results[key] = {**old.get(key, {}), **results.get(key, {})}
         results = {**old, **results, "rerun": ([] if args.skip_train else
                                              [*([] if args.reuse_sft_rm else ["sft", "rm"]), *args.runs])}
