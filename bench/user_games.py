@@ -101,7 +101,8 @@ def dipped(run: dict) -> bool:
 def summary(result: dict) -> dict:
     """Per method and rate: the final win rate of each seed, their least, whether every seed
     met the target and none collapsed (ended below its SFT policy); how many runs dipped below
-    their SFT policy at some eval, and how many of those came back (ended at or above it)."""
+    their SFT policy at some eval, and how many of those came back (ended at or above it); each
+    seed's lowest held-out win rate after its first eval."""
     rows = {}
     for key, run in sorted(result["runs"].items()):
         row = key.rsplit("/", 1)[0]
@@ -110,6 +111,7 @@ def summary(result: dict) -> dict:
                   "sft_win": runs[0]["sft_win"], "collapsed": sum(r["collapsed"] for r in runs),
                   "dipped": sum(dipped(r) for r in runs),
                   "came_back": sum(dipped(r) and not r["collapsed"] for r in runs),
+                  "lowest": [min(win for _, win in r["evals"][1:]) for r in runs],
                   "stuck_iterations": [r["stuck_iterations"] for r in runs],
                   "met": all(r["win"] >= TARGET for r in runs) and not any(r["collapsed"] for r in runs)}
             for row, runs in rows.items()}
