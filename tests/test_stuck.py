@@ -3,7 +3,9 @@ row without a reward signal while the reward is below the SFT policy's level (th
 first iterations), or, in a run whose every group has tied since its first iteration, below the
 most an episode can return; one line is printed when it reaches STUCK_AFTER. A run that
 converged at or above its SFT level is never called stuck, however its batch reward wanders."""
+import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 from mingpt_rlhf.run.watch import SFT_ITERATIONS, STUCK_AFTER, RunWatch
@@ -159,3 +161,56 @@ def test_beta_held_at_its_upper_bound_is_said_once(capsys):
     out = capsys.readouterr().out
     assert out.count("reached its upper bound") == 1
     assert "beta 2, 10x --kl_coef" in out and "KL at 45.0 nats against --kl_target 3" in out
+
+
+# ----------------------------------------------------------------------------- recorded runs
+# Per-iteration figures of three real runs (bench/stuck_fixtures.py wrote them; the first line
+# of each file names its command): the watch replayed on them says what the run said, and the
+# right thing.
+FIXTURES = Path(__file__).parent / "fixtures" / "stuck"
+
+
+def recorded(name: str) -> tuple[dict, list[dict]]:
+    head, *rows = [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines()]
+    assert head["run"] == name and head["command"].startswith("python train_ppo.py")
+    return head, rows
+
+
+def replayed(rows: list[dict]) -> list[int]:
+    return watched([{**r, "reward": r["score"]} for r in rows], best=1.0, kl_ctl=BETA)[1]
+
+
+def test_a_recorded_collapsed_duel_run_is_called_stuck():
+    """The corridor game at the --env defaults (seed 0, --actor_lr 1e-4) fell onto the empty
+    answer at its 21st iteration: every group lost and tied for 48 iterations, far below the SFT
+    level; the watch counts from the fall and says so at STUCK_AFTER."""
+    head, rows = recorded("collapsed")
+    stuck = replayed(rows)
+    assert stuck == [r["stuck"] for r in rows]  # what the run logged
+    collapsed = next(i for i, r in enumerate(rows) if r["zero_groups"] == 1.0 and r["score"] == 0.0)
+    assert max(stuck) >= STUCK_AFTER and stuck.index(STUCK_AFTER) == collapsed + STUCK_AFTER - 1
+    assert sum(r["score"] for r in rows[:SFT_ITERATIONS]) > 0  # there was a level to fall from
+
+
+def test_a_recorded_run_tied_from_the_start_is_called_stuck():
+    """The duel game with one turn: no pile can be taken in one move, every group ties unwon
+    from the first iteration; the old best-so-far rule never fired on it."""
+    head, rows = recorded("tied")
+    assert all(r["zero_groups"] == 1.0 for r in rows) and max(r["score"] for r in rows) < 1.0
+    stuck = replayed(rows)
+    assert stuck == [r["stuck"] for r in rows] == list(range(1, len(rows) + 1))
+    assert best_so_far_rule(rows) == 0
+
+
+def test_a_recorded_guessing_game_run_at_its_plateau_is_never_called_stuck():
+    """GRPO on the guessing game for 400 iterations: its batch reward rises from its SFT level
+    and wanders with the secrets drawn; never stuck. A real run keeps sampling (its groups do
+    not tie), so the old rule did not flag it either: the simulation above is the deterministic
+    policy where it did."""
+    head, rows = recorded("converged")
+    level = sum(r["score"] for r in rows[:SFT_ITERATIONS]) / SFT_ITERATIONS
+    tail = rows[-100:]
+    assert sum(r["score"] for r in tail) / len(tail) > level
+    stuck = replayed(rows)
+    assert stuck == [r["stuck"] for r in rows] and max(stuck) == 0
+    assert best_so_far_rule(rows) == 0
