@@ -1,5 +1,6 @@
 """The bench scripts' summary modes run at this revision on their committed JSON: a bench that
 calls a function the package has moved fails here, not hours into a study."""
+import math
 import os
 import shutil
 import subprocess
@@ -161,3 +162,35 @@ def test_a_run_records_the_options_it_ran_with(tmp_path):
                tmp_path / "ckpt.pt")
     assert results_file.ran_with(str(tmp_path)) == {"algo": "grpo", "kl_coef": 0.2, "kl_in": "loss"}
     assert results_file.measured(str(tmp_path)).startswith("20")  # a date, whatever the folder
+
+
+def test_kl_bound_cost_takes_away_the_lower_bound_only():
+    """bench/kl_bound_cost.py's patch: beta held below target falls past kl_coef / 10 (as it
+    did before the bound), and is still held at 10 x kl_coef above target."""
+    from conftest import bench_module
+
+    from mingpt_rlhf import ppo
+    original = ppo.AdaptiveKLController.__init__
+    try:
+        bench_module("kl_bound_cost").without_lower_bound()
+        ctl = ppo.AdaptiveKLController(0.2, target=3.0, horizon=10)
+        for _ in range(300):
+            ctl.update(0.5)  # far below target: the slowest fall, 2 % an iteration
+        assert ctl.value < 0.2 / 10 and ctl.value == pytest.approx(0.2 * math.exp(-0.02 * 300))
+        for _ in range(300):
+            ctl.update(300.0)
+        assert ctl.value == pytest.approx(2.0)
+    finally:
+        ppo.AdaptiveKLController.__init__ = original
+    assert ppo.AdaptiveKLController(0.2, 3.0, 10).low == pytest.approx(0.02)  # restored
+
+
+def test_user_games_summary_gives_each_seeds_lowest_eval():
+    from conftest import bench_module
+    user_games = bench_module("user_games")
+    runs = {f"grpo/0.0001/{s}": {"win": w, "sft_win": 0.5, "collapsed": w < 0.5, "stuck_iterations": 0,
+                                 "evals": [[0, 0.5], [20, low], [40, w]]}
+            for s, (low, w) in enumerate([(0.0, 0.9), (0.6, 0.95), (0.4, 0.45)])}
+    s = user_games.summary({"runs": runs})["grpo/0.0001"]
+    assert s["lowest"] == [0.0, 0.6, 0.4]
+    assert (s["dipped"], s["came_back"], s["collapsed"]) == (2, 1, 1)
