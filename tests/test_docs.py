@@ -538,7 +538,7 @@ FIGURE_PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join
 
 ALLOWED = {  # page: [(a phrase that holds decimals without a marker, why), ...]
     "README.md": [
-        ("(2-3 minutes on 2 otherwise idle CPU cores", "the suite's time: docs/testing.md's runs, no bench JSON"),
+        ("(about 5 minutes on 2 otherwise idle CPU cores", "the suite's time: docs/testing.md's runs, no bench JSON"),
         ("about 1.4 and 0.95 within 100", "a picture's description, read off the picture"),
         ("at KL 0.02 none did", "a setting of the study (the KL coefficient), not a measurement"),
         ("(within 0.025)", "a bound: test_the_staleness_bound_is_bench_staleness_json"),
