@@ -66,6 +66,18 @@ def test_utilisation_only_where_six_flops_per_weight_hold():
     assert "mfu" not in lora
 
 
+def test_a_busy_moment_cannot_make_a_decoding_step_negative():
+    """The dry run once measured a negative step on a loaded machine: one timed run of each
+    kind, and the one-token run was the one slowed. The fastest of five of each is not fooled
+    by a slowed run of either kind (seconds of a tiny model's runs: 4 ms a prompt pass, 0.7 ms
+    a step of the 10)."""
+    ones = [0.031, 0.004, 0.0046, 0.0041, 0.0052]  # the first run met a busy moment
+    alls = [0.0105, 0.0118, 0.029, 0.0104, 0.0111]  # and the third of these
+    one, whole = gpu_once.fastest(ones, alls)
+    assert (one, whole) == (0.004, 0.0104)
+    assert (whole - one) / 9 > 0 > alls[0] - ones[0]  # the single pair gives a negative step
+
+
 def check_parts(out, names):
     """What a dry run's JSONs must hold: every row measured, none failed."""
     parts = {n: json.load(open(out / f"gpu_{n}.json")) for n in names}
