@@ -29,14 +29,20 @@ import torch
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased estimate of pass@k from n samples of which c are right: 1 - C(n-c, k) /
-    C(n, k), computed as 1 - prod_{i = n-c+1}^{n} (1 - k / i), which never forms a binomial."""
+    C(n, k), computed without forming a binomial as whichever product is shorter:
+    prod_{i = n-c+1}^{n} (1 - k / i) (c factors) or prod_{i = 0}^{k-1} (1 - c / (n - i))
+    (k factors); both equal C(n-c, k) / C(n, k)."""
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     if n - c < k:  # every draw of k answers holds a right one
         return 1.0
     miss = 1.0
-    for i in range(n - c + 1, n + 1):
-        miss *= 1.0 - k / i
+    if c <= k:
+        for i in range(n - c + 1, n + 1):
+            miss *= 1.0 - k / i
+    else:
+        for i in range(k):
+            miss *= 1.0 - c / (n - i)
     return 1.0 - miss
 
 
