@@ -64,7 +64,9 @@ the file beside it, model_flops.json; an sft_teacher run, a few minutes, starts 
   the teacher's RL) are counted apart, in "stages";
 - reached: the first eval whose gold is within --tolerance (0.02: on sort 2 points of
   accuracy) of the teacher's held-out gold, with its step, FLOPs, seconds and teacher tokens,
-  or None;
+  or None; held: the same for the first eval from which the mean of three evals in a row is
+  within it, at the last of the three (one eval's gold swings by several points: reaching it
+  once can be luck);
 - the final student measured by the bench: --final_samples answers to each of the
   --eval_prompts held-out prompts: its gold, its KL to the teacher, and its gold on the
   prompts where the teacher is wrong and on the others. "Wrong" is decided by one draw of the
@@ -626,6 +628,17 @@ def reached(curve: list[dict], target: float) -> dict | None:
     return None
 
 
+def held(curve: list[dict], target: float, window: int = 3) -> dict | None:
+    """The first eval at which the mean gold of `window` evals in a row (it and those before)
+    is at least `target`: reached and kept, not one eval's lucky draw (a policy's held-out gold
+    swings by several points from one eval to the next in these runs). Its costs are those
+    spent by that eval, when a run would know."""
+    for i in range(window - 1, len(curve)):
+        if sum(p["gold"] for p in curve[i - window + 1:i + 1]) / window >= target:
+            return {k: curve[i].get(k) for k in ("step", "flops", "seconds", "tokens")}
+    return None
+
+
 def summarise(result: dict) -> dict:
     """Each run's `reached` against its teacher's held-out gold, and per row (task/student/
     method) the figures' mean, min and max over the seeds."""
@@ -636,11 +649,15 @@ def summarise(result: dict) -> dict:
         if teacher is None:
             continue
         run["reached"] = reached(run["curve"], teacher["gold"] - tolerance)
+        run["held"] = held(run["curve"], teacher["gold"] - tolerance)
         figures = {"final_gold": run["final"]["gold"], "train_flops": run.get("train_flops"),
                    "seconds": run.get("seconds"), "teacher_tokens": run.get("teacher_tokens"),
-                   "reached": float(run["reached"] is not None)}
-        if run["reached"] is not None:
-            figures.update({f"reach_{k}": v for k, v in run["reached"].items()})
+                   "reached": float(run["reached"] is not None),
+                   "held": float(run["held"] is not None)}
+        for name in ("reached", "held"):
+            if run[name] is not None:
+                prefix = "reach" if name == "reached" else "held"
+                figures.update({f"{prefix}_{k}": v for k, v in run[name].items()})
         for k, v in run.get("measured_final", {}).items():
             if k == "passk":
                 figures.update({f"pass@{kk}": vv for kk, vv in v.items()})
@@ -649,10 +666,12 @@ def summarise(result: dict) -> dict:
         flat[key] = {k: v for k, v in figures.items() if v is not None}
     names = sorted({f for figures in flat.values() for f in figures})
     summary = results_file.over_seeds(flat, names)
-    for row, figures in summary.items():  # the mean FLOPs to reach, over rl's of the same student
+    for row, figures in summary.items():  # the mean FLOPs to reach (hold), over rl's of the same student
         rl = summary.get(row.rsplit("/", 1)[0] + "/rl", {})
-        if "reach_flops" in figures and rl.get("reach_flops", {}).get("mean"):
-            figures["reach_flops_vs_rl"] = figures["reach_flops"]["mean"] / rl["reach_flops"]["mean"]
+        for prefix in ("reach", "held"):
+            if f"{prefix}_flops" in figures and rl.get(f"{prefix}_flops", {}).get("mean"):
+                figures[f"{prefix}_flops_vs_rl"] = (figures[f"{prefix}_flops"]["mean"]
+                                                    / rl[f"{prefix}_flops"]["mean"])
     return summary
 
 
@@ -669,7 +688,9 @@ def table(result: dict) -> None:
     final gold (the bench's measure) with its range over the seeds, the seeds that reached the
     teacher, the mean FLOPs and training seconds to reach it (over those seeds) and the FLOPs'
     ratio to rl's, the whole run's training FLOPs, the teacher tokens, the gold on the
-    teacher's wrong prompts, the KL to the teacher, pass@1 and pass@n (sort)."""
+    teacher's wrong prompts, the KL to the teacher, pass@1 and pass@n (sort); then the seeds
+    that held the teacher's level (three evals' mean), the FLOPs to hold it and their ratio to
+    rl's."""
     summary, n = result.get("summary", {}), str(result.get("passk_n", ""))
     for task_name, teacher in sorted(result.get("teachers", {}).items()):
         stage = result.get("stages", {}).get(f"{task_name}/teacher", {})
@@ -683,7 +704,8 @@ def table(result: dict) -> None:
               f"{fmt(ref['gold_teacher_wrong'])}, KL to the teacher {fmt(ref['kl_teacher'])}")
     print(f"{'row':30s} {'n':>2s} {'gold':>6s} {'min..max':>13s} {'reached':>7s} "
           f"{'FLOPs to reach':>14s} {'x rl':>5s} {'s to reach':>10s} {'train FLOPs':>11s} "
-          f"{'t tokens':>9s} {'t-wrong':>7s} {'KL->t':>6s} {'pass@1':>6s} {'@' + n:>6s}")
+          f"{'t tokens':>9s} {'t-wrong':>7s} {'KL->t':>6s} {'pass@1':>6s} {'@' + n:>6s} "
+          f"{'held':>5s} {'FLOPs to hold':>13s} {'x rl':>5s}")
     for row, s in sorted(summary.items()):
         mean = lambda k: s[k]["mean"] if k in s else None
         gold = s.get("gold", s["final_gold"])
@@ -693,7 +715,9 @@ def table(result: dict) -> None:
               f"{fmt(mean('reach_flops')):>14s} {fmt(s.get('reach_flops_vs_rl'), 2):>5s} "
               f"{fmt(mean('reach_seconds'), 0):>10s} {fmt(mean('train_flops')):>11s} "
               f"{fmt(mean('teacher_tokens'), 0):>9s} {fmt(mean('gold_teacher_wrong')):>7s} "
-              f"{fmt(mean('kl_teacher'), 2):>6s} {fmt(mean('pass@1')):>6s} {fmt(mean('pass@' + n)):>6s}")
+              f"{fmt(mean('kl_teacher'), 2):>6s} {fmt(mean('pass@1')):>6s} {fmt(mean('pass@' + n)):>6s} "
+              f"{fmt(s['held']['mean'] * s['seeds'], 0) + '/' + str(s['seeds']):>5s} "
+              f"{fmt(mean('held_flops')):>13s} {fmt(s.get('held_flops_vs_rl'), 2):>5s}")
 
 
 

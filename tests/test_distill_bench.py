@@ -172,12 +172,17 @@ def test_the_summary_says_which_runs_reached_the_teacher_and_at_what_share_of_rl
     assert runs["sort/small/sft_teacher/0"]["reached"] is None
     assert summary["sort/small/sft_teacher"]["reached"]["mean"] == 0.0
     assert summary["sort/small/distill"]["reach_flops_vs_rl"] == 0.25
+    # held: three evals in a row at 0.48 or above on average, at the third; distill's 0.485
+    # was not kept (0.3, 0.485, 0.45: 0.41), rl never held (0.3, 0.4, 0.49: 0.397)
+    assert runs["sort/small/distill/0"]["held"] is None and runs["sort/small/rl/0"]["held"] is None
+    assert bench.held([{"gold": g, "step": i} for i, g in enumerate([0.4, 0.5, 0.47, 0.49, 0.2])],
+                      0.48)["step"] == 3  # (0.5 + 0.47 + 0.49) / 3 = 0.4867, not 0.4567 before
     path = tmp_path / "d.json"
     path.write_text(json.dumps(result))
     bench.main(["--summary_only", "--results", str(path)])
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("sort/small/distill "))
-    assert " 0.25 " in line and " 1/1 " in line
+    assert " 0.25 " in line and " 1/1 " in line and line.split()[-3:] == ["0/1", "-", "-"]
     assert " 0/1 " in next(x for x in out.splitlines() if x.startswith("sort/small/sft_teacher "))
 
 
