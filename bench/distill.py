@@ -77,6 +77,16 @@ the file beside it, model_flops.json; an sft_teacher run, a few minutes, starts 
   first --passk_problems held-out problems (200), k = 1, 2, 4, .. --passk_n.
 The teachers and the SFT students are measured the same way ("references").
 
+Afterwards, `--errors` (on the merged JSON) asks the error question on more prompts than the
+held-out 200, on which a good teacher is wrong too rarely to tell: the training prompts and the
+held-out ones (2,200), --final_samples answers each from the teacher, the prompts where it is
+wrong as above; every SFT student and every run's final policy answers those prompts as often
+(seed 5000 + the run's seed): its gold there and, on sort, the share of its answers that are
+word for word the teacher's most common wrong answer to the prompt ("copied"; the teacher's own
+share from a second draw is the mark of a full copy). Saved policy by policy, resumable:
+
+    python bench/distill.py --errors --results bench/results/distill.json
+
 Cost, from the training seconds per iteration of one seed at --iters 10 (2026-11-29, one
 thread, the 2-core machine shared with other work: load about 4.5; alone it should take about
 half), teacher's size / small student:
@@ -618,6 +628,120 @@ def methods_of(task_name: str, methods: list[str]) -> list[str]:
     return [m for m in METHODS if m in methods and (m != "rl_grpo" or task_name == "reviews")]
 
 
+# ---------------------------------------------------------------- the teacher's errors: copied or not
+
+def most_common_wrong(task, prompt: str, texts: list[str]) -> str | None:
+    """The wrong answer the teacher gave most often to `prompt` (the first of the most common
+    on a tie), or None if every answer was right."""
+    wrong = [t.strip() for t in texts if task.gold_reward(prompt, t) < 1.0]
+    return max(wrong, key=wrong.count) if wrong else None
+
+
+def copied_share(texts_by_prompt: list[list[str]], teacher_answers: list[str | None]) -> float | None:
+    """The share of a policy's answers that are, word for word, the teacher's most common wrong
+    answer to their prompt (over the prompts that have one)."""
+    pairs = [(t.strip(), a) for texts, a in zip(texts_by_prompt, teacher_answers) if a is not None
+             for t in texts]
+    return sum(t == a for t, a in pairs) / len(pairs) if pairs else None
+
+
+def error_prompts(task_name: str, task, teacher, tokenizer, args, max_new_tokens: int) -> dict:
+    """Where the teacher is wrong, over many prompts: the training prompts (every method learnt
+    on them) and the held-out ones, --final_samples answers each (draw A, seed 1000; wrong as
+    teacher_wrong says); on sort its most common wrong answer at each; then its own figures on
+    those prompts from a second draw (seed 2000)."""
+    pool = task.prompts("train") + task.prompts("eval")[:args.eval_prompts]
+    prompts = pool[:args.errors_prompts] if args.errors_prompts else pool
+    n = args.final_samples
+    texts, _ = answers(teacher, tokenizer, [p for p in prompts for _ in range(n)], max_new_tokens,
+                       64, 1000)
+    by_prompt = [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+    means = [sum(task.gold_reward(p, t) for t in ts) / n for p, ts in zip(prompts, by_prompt)]
+    wrong = [i for i, g in enumerate(means) if teacher_wrong(task_name, g)]
+    train = len(task.prompts("train"))
+    found = {"prompts": len(prompts), "wrong": wrong, "wrong_held_out": sum(i >= train for i in wrong),
+             "teacher_gold_draw_a": sum(means) / len(means)}
+    if task_name == "sort":
+        found["teacher_answers"] = [most_common_wrong(task, prompts[i], by_prompt[i]) for i in wrong]
+    found["teacher"] = errors_of(task_name, task, teacher, tokenizer, [prompts[i] for i in wrong],
+                                 found.get("teacher_answers"), n, max_new_tokens, 2000)
+    return found
+
+
+def errors_of(task_name: str, task, policy, tokenizer, prompts: list[str],
+              teacher_answers: list | None, n: int, max_new_tokens: int, seed: int) -> dict:
+    """A policy's mean gold on the teacher's wrong prompts and (sort) the share of its answers
+    that copy the teacher's most common wrong answer."""
+    if not prompts:
+        return {"gold": None}
+    texts, _ = answers(policy, tokenizer, [p for p in prompts for _ in range(n)], max_new_tokens,
+                       64, seed)
+    by_prompt = [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+    figures = {"gold": sum(task.gold_reward(p, t) for p, ts in zip(prompts, by_prompt)
+                           for t in ts) / len(texts)}
+    if teacher_answers is not None:
+        figures["copied"] = copied_share(by_prompt, teacher_answers)
+    return figures
+
+
+def measure_errors(args, result: dict) -> None:
+    """--errors: the teacher's wrong prompts of each task found over --errors_prompts prompts,
+    then every SFT student's and every finished run's final policy measured there; saved as
+    each policy is done (run again, only what is missing is measured)."""
+    for task_name in sorted(result.get("teachers", {})):
+        task, folders = get_task(task_name), stage_folders(args.work, task_name)
+        max_new_tokens = train_ppo.Config(**{k: v for k, v in (SMOKE if args.smoke else FULL)["ppo"].items()
+                                             if k != "group_size"}).max_new_tokens
+        teacher, tokenizer, _ = load_policy(folders["teacher"], flag="teacher", frozen=True)
+        teacher.to(pick_device(args.device))
+        errors = result.setdefault("errors", {})
+        if task_name not in errors:
+            errors[task_name] = dict(error_prompts(task_name, task, teacher, tokenizer, args, max_new_tokens),
+                                     policies={}, measured=results_file.measured(ROOT))
+            results_file.save(args.results, result)
+        found = errors[task_name]
+        prompts = task.prompts("train") + task.prompts("eval")[:args.eval_prompts]
+        wrong = [prompts[i] for i in found["wrong"]]
+        policies = {f"{task_name}/{s}/sft": folders["sft" if s == "same" else "sft_small"]
+                    for s in ("same", "small")}
+        for key in sorted(result["runs"]):
+            if key.startswith(task_name + "/"):
+                _, student, method, seed = key.split("/")
+                policies[key] = final_folder(args, task_name, student, method, int(seed))
+        for key, folder in policies.items():
+            if key in found["policies"] or not os.path.exists(os.path.join(folder, "ckpt.pt")):
+                continue
+            policy = load_policy(folder, flag="policy", frozen=True)[0].to(pick_device(args.device))
+            seed = int(key.split("/")[-1]) if key.count("/") == 3 else 0
+            found["policies"][key] = errors_of(task_name, task, policy, tokenizer, wrong,
+                                               found.get("teacher_answers"), args.final_samples,
+                                               max_new_tokens, 5000 + seed)
+            results_file.save(args.results, result)
+
+
+def errors_table(result: dict) -> None:
+    """Per task: how many prompts the teacher is wrong on; per row (SFT students, methods) the
+    mean gold there and (sort) the share of answers copying the teacher's, over the seeds."""
+    for task_name, found in sorted(result.get("errors", {}).items()):
+        t = found["teacher"]
+        print(f"{task_name}: the teacher is wrong on {len(found['wrong'])} of {found['prompts']} prompts "
+              f"({found['wrong_held_out']} of them held-out); there its gold {fmt(t['gold'])}"
+              + (f", its own answers copy its most common wrong one {fmt(t.get('copied'))}"
+                 if "copied" in t else ""))
+        rows = {}
+        for key, figures in found["policies"].items():
+            rows.setdefault(key.rsplit("/", 1)[0] if key.count("/") == 3 else key, []).append(figures)
+        for row, runs in sorted(rows.items()):
+            line = f"  {row:30s} {len(runs)} gold there "
+            golds = [r["gold"] for r in runs if r["gold"] is not None]
+            line += (f"{fmt(sum(golds) / len(golds))} ({fmt(min(golds))}..{fmt(max(golds))})"
+                     if golds else "-")
+            copies = [r["copied"] for r in runs if r.get("copied") is not None]
+            if copies:
+                line += f", copied {fmt(sum(copies) / len(copies))} ({fmt(min(copies))}..{fmt(max(copies))})"
+            print(line)
+
+
 # ---------------------------------------------------------------- the summary
 
 def reached(curve: list[dict], target: float) -> dict | None:
@@ -718,8 +842,7 @@ def table(result: dict) -> None:
               f"{fmt(mean('kl_teacher'), 2):>6s} {fmt(mean('pass@1')):>6s} {fmt(mean('pass@' + n)):>6s} "
               f"{fmt(s['held']['mean'] * s['seeds'], 0) + '/' + str(s['seeds']):>5s} "
               f"{fmt(mean('held_flops')):>13s} {fmt(s.get('held_flops_vs_rl'), 2):>5s}")
-
-
+    errors_table(result)
 
 
 def merged(result: dict, paths: list[str]) -> dict:
@@ -777,6 +900,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--merge", nargs="+", default=[], help="add these results files' runs, "
                     "teachers, references and stages to --results (a process per task, each "
                     "with its own --results), then print the table")
+    ap.add_argument("--errors", action="store_true", help="after the grid: find the prompts the "
+                    "teacher is wrong on among the training and held-out prompts, and measure every "
+                    "SFT student and finished run there (gold; on sort, answers that copy the "
+                    "teacher's wrong one); resumable")
+    ap.add_argument("--errors_prompts", type=int, default=0, help="--errors: only the first this "
+                    "many of those prompts (0: all of them)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (SMOKE): checks the code "
                     "path, measures nothing")
     args = ap.parse_args(argv)
@@ -793,6 +922,10 @@ def main(argv=None) -> dict:
     if args.summary_only:  # recomputed from the runs, not written back
         result["summary"] = summarise(result)
         table(result)
+        return result
+    if args.errors:
+        measure_errors(args, result)
+        errors_table(result)
         return result
     size = SMOKE if args.smoke else FULL
     result["command"] = "python bench/distill.py " + " ".join(argv if argv is not None else sys.argv[1:])

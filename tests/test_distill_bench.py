@@ -138,14 +138,27 @@ def test_the_study_at_tiny_size_runs_every_row_resumes_and_summarises(stages, tm
     assert set(saved["summary"]) == {f"reviews/small/{m}" for m in
                                      ("distill", "sft_teacher", "rl", "distill_then_rl")}
 
+    # the teacher's errors over the first 40 training prompts: each SFT student and each run's
+    # final policy measured on the prompts the teacher is wrong on
+    capsys.readouterr()
+    bench.main(argv + ["--errors", "--errors_prompts", "40"])
+    errors = json.loads(results.read_text())["errors"]["reviews"]
+    assert errors["prompts"] == 40 and errors["wrong_held_out"] == 0
+    assert set(errors["policies"]) == {"reviews/same/sft", "reviews/small/sft", *runs}
+    if errors["wrong"]:  # a tiny teacher is wrong somewhere; where it is not, nothing to measure
+        assert all(-1 <= p["gold"] <= 1 for p in errors["policies"].values())
+    assert "the teacher is wrong on" in capsys.readouterr().out
+
     def trained(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
     with pytest.MonkeyPatch.context() as m:
         for name in ("train_ppo", "train_sft", "train_rm"):
             m.setattr(getattr(bench, name), "main", trained)
         m.setattr(bench, "sft_on_teacher", trained)
+        m.setattr(bench, "errors_of", trained)
         capsys.readouterr()
         bench.main(argv)
+        bench.main(argv + ["--errors", "--errors_prompts", "40"])  # measured once only
     assert "reviews/small/distill " in capsys.readouterr().out
 
 
@@ -184,6 +197,24 @@ def test_the_summary_says_which_runs_reached_the_teacher_and_at_what_share_of_rl
     line = next(x for x in out.splitlines() if x.startswith("sort/small/distill "))
     assert " 0.25 " in line and " 1/1 " in line and line.split()[-3:] == ["0/1", "-", "-"]
     assert " 0/1 " in next(x for x in out.splitlines() if x.startswith("sort/small/sft_teacher "))
+
+
+def test_a_copied_error_is_the_teachers_most_common_wrong_answer_word_for_word():
+    """On sort: the teacher's most common wrong answer to a prompt (right answers left out,
+    the first on a tie), and the share of a policy's answers that are it (responses as the
+    sampler decodes them, EOS written)."""
+    bench = distill_bench()
+    from mingpt_rlhf.tasks import get_task
+    task = get_task("sort")
+    prompt = "sort 4 7 9 :"
+    assert task.gold_reward(prompt, " 4 7 9 <eos>") == 1.0
+    teacher = [" 4 7 9 <eos>", " 4 9 7 <eos>", " 7 4 9 <eos>", " 4 9 7 <eos> ", " 7 4 9 <eos>"]
+    assert bench.most_common_wrong(task, prompt, teacher) == "4 9 7 <eos>"
+    assert bench.most_common_wrong(task, prompt, [" 4 7 9 <eos>"] * 3) is None
+    answers = [[" 4 9 7 <eos>", "4 7 9 <eos>", " 9 7 4 <eos>", "4 9 7 <eos>"], [" 1 2", " 2 1"]]
+    # the second prompt has no wrong answer of the teacher's: left out; 2 of the first 4 copy
+    assert bench.copied_share(answers, ["4 9 7 <eos>", None]) == 0.5
+    assert bench.copied_share(answers, [None, None]) is None
 
 
 def test_merge_joins_two_processes_results_and_refuses_another_design(tmp_path):
