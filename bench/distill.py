@@ -790,12 +790,13 @@ def summarise(result: dict) -> dict:
         flat[key] = {k: v for k, v in figures.items() if v is not None}
     names = sorted({f for figures in flat.values() for f in figures})
     summary = results_file.over_seeds(flat, names)
-    for row, figures in summary.items():  # the mean FLOPs to reach (hold), over rl's of the same student
-        rl = summary.get(row.rsplit("/", 1)[0] + "/rl", {})
-        for prefix in ("reach", "held"):
-            if f"{prefix}_flops" in figures and rl.get(f"{prefix}_flops", {}).get("mean"):
-                figures[f"{prefix}_flops_vs_rl"] = (figures[f"{prefix}_flops"]["mean"]
-                                                    / rl[f"{prefix}_flops"]["mean"])
+    for row, figures in summary.items():  # the mean FLOPs to reach (hold), over rl's of the
+        for baseline in ("rl", "rl_grpo"):   # same student (and rl_grpo's, on reviews)
+            rl = summary.get(row.rsplit("/", 1)[0] + "/" + baseline, {})
+            for prefix in ("reach", "held"):
+                if f"{prefix}_flops" in figures and rl.get(f"{prefix}_flops", {}).get("mean"):
+                    figures[f"{prefix}_flops_vs_{baseline}"] = (figures[f"{prefix}_flops"]["mean"]
+                                                                / rl[f"{prefix}_flops"]["mean"])
     return summary
 
 

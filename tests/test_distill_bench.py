@@ -185,6 +185,10 @@ def test_the_summary_says_which_runs_reached_the_teacher_and_at_what_share_of_rl
     assert runs["sort/small/sft_teacher/0"]["reached"] is None
     assert summary["sort/small/sft_teacher"]["reached"]["mean"] == 0.0
     assert summary["sort/small/distill"]["reach_flops_vs_rl"] == 0.25
+    # against GRPO on the reward model too where the task has that row (reviews)
+    result["runs"]["sort/small/rl_grpo/0"] = run([0.1, 0.49], 2e9)
+    assert bench.summarise(result)["sort/small/distill"]["reach_flops_vs_rl_grpo"] == 0.5
+    del result["runs"]["sort/small/rl_grpo/0"]
     # held: three evals in a row at 0.48 or above on average, at the third; distill's 0.485
     # was not kept (0.3, 0.485, 0.45: 0.41), rl never held (0.3, 0.4, 0.49: 0.397)
     assert runs["sort/small/distill/0"]["held"] is None and runs["sort/small/rl/0"]["held"] is None
