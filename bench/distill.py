@@ -645,14 +645,18 @@ def copied_share(texts_by_prompt: list[list[str]], teacher_answers: list[str | N
     return sum(t == a for t, a in pairs) / len(pairs) if pairs else None
 
 
+def error_pool(task, args) -> list[str]:
+    """The prompts --errors looks over: the training prompts, then the held-out ones."""
+    pool = task.prompts("train") + task.prompts("eval")[:args.eval_prompts]
+    return pool[:args.errors_prompts] if args.errors_prompts else pool
+
+
 def error_prompts(task_name: str, task, teacher, tokenizer, args, max_new_tokens: int) -> dict:
     """Where the teacher is wrong, over many prompts: the training prompts (every method learnt
     on them) and the held-out ones, --final_samples answers each (draw A, seed 1000; wrong as
     teacher_wrong says); on sort its most common wrong answer at each; then its own figures on
     those prompts from a second draw (seed 2000)."""
-    pool = task.prompts("train") + task.prompts("eval")[:args.eval_prompts]
-    prompts = pool[:args.errors_prompts] if args.errors_prompts else pool
-    n = args.final_samples
+    prompts, n = error_pool(task, args), args.final_samples
     texts, _ = answers(teacher, tokenizer, [p for p in prompts for _ in range(n)], max_new_tokens,
                        64, 1000)
     by_prompt = [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
@@ -700,7 +704,7 @@ def measure_errors(args, result: dict) -> None:
                                      policies={}, measured=results_file.measured(ROOT))
             results_file.save(args.results, result)
         found = errors[task_name]
-        prompts = task.prompts("train") + task.prompts("eval")[:args.eval_prompts]
+        prompts = error_pool(task, args)
         wrong = [prompts[i] for i in found["wrong"]]
         policies = {f"{task_name}/{s}/sft": folders["sft" if s == "same" else "sft_small"]
                     for s in ("same", "small")}
