@@ -163,6 +163,11 @@ SMOKE = dict(sft=dict(n_layer=2, n_head=2, n_embd=32, block_size=48, batch_size=
 
 # ---------------------------------------------------------------- runs with their FLOPs counted
 
+def ppo_config(size: dict) -> train_ppo.Config:
+    """train_ppo.py's config at a size's options (group_size is GRPO's, given per run)."""
+    return train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
+
+
 def finished(out_dir: str) -> bool:
     path = os.path.join(out_dir, "metrics.jsonl")
     return os.path.exists(path) and any(r.get("final") for r in read_metrics(path)[-1:])
@@ -578,7 +583,7 @@ def run_method(task_name: str, student: str, method: str, seed: int, args, size:
             sys.exit(f"sft_teacher matches the teacher tokens of the distill run of "
                              f"{task_name}/{student}/seed {seed}, which is not in {args.results}: "
                              f"put distill before sft_teacher in --methods")
-        ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
+        ppo = ppo_config(size)
         return sft_on_teacher(student_sft, folders["teacher"], get_task(task_name, seed=seed),
                               distilled["teacher_tokens"], seed, ppo, args.sft_lr, args.eval_prompts,
                               args.eval_interval, out, pick_device(args.device))
@@ -694,8 +699,7 @@ def measure_errors(args, result: dict) -> None:
     each policy is done (run again, only what is missing is measured)."""
     for task_name in sorted(result.get("teachers", {})):
         task, folders = get_task(task_name), stage_folders(args.work, task_name)
-        max_new_tokens = train_ppo.Config(**{k: v for k, v in (SMOKE if args.smoke else FULL)["ppo"].items()
-                                             if k != "group_size"}).max_new_tokens
+        max_new_tokens = ppo_config(SMOKE if args.smoke else FULL).max_new_tokens
         teacher, tokenizer, _ = load_policy(folders["teacher"], flag="teacher", frozen=True)
         teacher.to(pick_device(args.device))
         errors = result.setdefault("errors", {})
@@ -947,7 +951,7 @@ def main(argv=None) -> dict:
     result.setdefault("references", {})
     for task_name in args.tasks:
         folders = train_stages(task_name, args, size, result)
-        ppo = train_ppo.Config(**{k: v for k, v in size["ppo"].items() if k != "group_size"})
+        ppo = ppo_config(size)
         teacher, tokenizer, _ = load_policy(folders["teacher"], flag="teacher", frozen=True)
         teacher.to(pick_device(args.device))
         task = get_task(task_name)
